@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (the test broker, Debian's
+# docker-compose), then checks formatting and lints, runs the unit,
+# integration and crash tests against a real broker, and validates the
+# compose file. Run from anywhere: ./scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "test broker"
+KAIROS_NISSHI_BIN="$(scripts/install-broker.sh)"
+export KAIROS_NISSHI_BIN
+echo "$KAIROS_NISSHI_BIN"
+
+apt_install() { # install Debian packages, as root or through sudo
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "$@" >/dev/null
+}
+
+step "tools"
+command -v docker-compose >/dev/null || apt_install docker-compose
+command -v docker-compose
+
+step "format"
+cargo fmt --all -- --check
+
+step "lint"
+cargo clippy --all-targets --locked -- -D warnings
+
+step "tests"
+cargo test --all-targets --locked
+cargo test --doc --locked
+
+step "compose file"
+docker-compose -f docker-compose.yml config -q
+echo "docker-compose.yml is valid"

@@ -1,0 +1,263 @@
+//! The job: what a producer asks to have run, for which entity, and when.
+//!
+//! A [`Job`] is the in-memory form of one Kafka record on a work or schedule
+//! topic. [`crate::wire`] turns it into a record (key, value, headers) and
+//! back.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use uuid::Uuid;
+
+/// A job's identity: a UUID, time-ordered (version 7) when Kairos makes it.
+///
+/// The id stays the same across retries, re-deliveries and the hop through
+/// the scheduler, so handlers can deduplicate on it (delivery is
+/// at-least-once).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(Uuid);
+
+impl JobId {
+    /// A fresh time-ordered id (UUIDv7: milliseconds since the epoch, then random bits).
+    pub fn new() -> Self {
+        JobId(Uuid::now_v7())
+    }
+
+    /// The id of a record that came without a `kairos-id` header.
+    ///
+    /// It is derived from where the record sits (topic, partition, offset)
+    /// and when it was written, so every re-delivery of that record gets the
+    /// same id, and ids still sort by time: the UUIDv7 layout with the
+    /// record's timestamp in the time field and a hash of its coordinates in
+    /// the random bits.
+    pub fn derived(topic: &str, partition: i32, offset: i64, timestamp_ms: i64) -> Self {
+        // FNV-1a, 128 bits wide enough for our purpose, stable across Rust versions
+        // (unlike std's DefaultHasher, which may change between releases).
+        let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+        let prime: u128 = 0x0000000001000000000000000000013B;
+        for b in topic
+            .as_bytes()
+            .iter()
+            .chain(&[0u8])
+            .chain(&partition.to_be_bytes())
+            .chain(&offset.to_be_bytes())
+        {
+            h ^= u128::from(*b);
+            h = h.wrapping_mul(prime);
+        }
+        let ms = (timestamp_ms.max(0) as u128) & 0xFFFF_FFFF_FFFF;
+        let mut bits = (ms << 80) | (h & ((1u128 << 80) - 1));
+        // version 7 and the RFC 4122 variant
+        bits = (bits & !(0xF << 76)) | (0x7 << 76);
+        bits = (bits & !(0x3 << 62)) | (0x2 << 62);
+        JobId(Uuid::from_u128(bits))
+    }
+
+    /// The id as 16 big-endian bytes (the form used as a storage key).
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    /// Rebuild an id from the 16 bytes of [`JobId::as_bytes`].
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        JobId(Uuid::from_bytes(bytes))
+    }
+
+    /// The underlying UUID.
+    pub fn uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for JobId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<Uuid> for JobId {
+    fn from(u: Uuid) -> Self {
+        JobId(u)
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobId({})", self.0.hyphenated())
+    }
+}
+
+impl FromStr for JobId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(JobId)
+    }
+}
+
+/// Record headers in order: name and value (`None` for a null value, which
+/// Kafka allows).
+pub type HeaderList = Vec<(String, Option<Vec<u8>>)>;
+
+/// One unit of work for one entity.
+///
+/// Build one with [`Job::new`] and the chained setters:
+///
+/// ```
+/// use kairos::Job;
+/// use std::time::Duration;
+///
+/// let job = Job::new("emails", "user-42", b"welcome".to_vec())
+///     .tenant("acme")
+///     .max_attempts(5)
+///     .header("trace-id", "abc123");
+/// assert_eq!(job.key, b"user-42");
+/// assert_eq!(job.attempt, 1);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// Identity across retries and re-deliveries; handlers deduplicate on it.
+    pub id: JobId,
+    /// The entity the job is about (a user, a tenant, a host). Jobs of one
+    /// key never run at the same time and run in the order they were written
+    /// to their work topic. Becomes the Kafka record key.
+    pub key: Vec<u8>,
+    /// Opaque bytes for the handler. Becomes the Kafka record value.
+    pub payload: Vec<u8>,
+    /// Not to be run before this instant (UTC, millisecond precision on the wire).
+    pub run_at: DateTime<Utc>,
+    /// The work topic the job runs from. The scheduler fires the job into it.
+    pub topic: String,
+    /// Which attempt this is, starting at 1; a retry carries `attempt + 1`.
+    pub attempt: u32,
+    /// How many attempts in all before the job is dead-lettered; `None`
+    /// leaves the choice to the worker's configuration.
+    pub max_attempts: Option<u32>,
+    /// The tenant the job is billed to, for fair dispatch across tenants.
+    pub tenant: Option<String>,
+    /// Why the previous attempt failed, carried on retries and dead letters.
+    pub last_error: Option<String>,
+    /// Headers the producer set for its own use, in order, passed through
+    /// untouched (`None` is a header with a null value, which Kafka allows).
+    pub headers: HeaderList,
+}
+
+impl Job {
+    /// A job for `key` on work topic `topic`, due now, first attempt.
+    pub fn new(topic: impl Into<String>, key: impl Into<Vec<u8>>, payload: impl Into<Vec<u8>>) -> Self {
+        Job {
+            id: JobId::new(),
+            key: key.into(),
+            payload: payload.into(),
+            run_at: truncate_to_millis(Utc::now()),
+            topic: topic.into(),
+            attempt: 1,
+            max_attempts: None,
+            tenant: None,
+            last_error: None,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Run no earlier than `when` (kept to millisecond precision, as on the wire).
+    pub fn at(mut self, when: DateTime<Utc>) -> Self {
+        self.run_at = truncate_to_millis(when);
+        self
+    }
+
+    /// Run no earlier than `delay` from now.
+    pub fn after(self, delay: Duration) -> Self {
+        let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        let when = Utc::now()
+            .checked_add_signed(delay)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        self.at(when)
+    }
+
+    /// Use this id instead of a fresh one (for idempotent producers that
+    /// derive ids from their own data).
+    pub fn id(mut self, id: JobId) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// Bill the job to `tenant`.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Allow at most `n` attempts before the job is dead-lettered.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// Add a user header (any name not starting with `kairos-`).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.into(), Some(value.into())));
+        self
+    }
+
+    /// The key as text, with invalid UTF-8 replaced, for logs and displays.
+    pub fn key_lossy(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.key)
+    }
+
+    /// Whether the job may run at `now`.
+    pub fn is_due(&self, now: DateTime<Utc>) -> bool {
+        self.run_at <= now
+    }
+}
+
+/// Drop sub-millisecond precision, the precision of the wire format.
+pub fn truncate_to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(t.timestamp_millis())
+        .single()
+        .unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let a = JobId::derived("jobs", 0, 10, 1_700_000_000_000);
+        let b = JobId::derived("jobs", 0, 10, 1_700_000_000_000);
+        let c = JobId::derived("jobs", 0, 11, 1_700_000_000_000);
+        let d = JobId::derived("jobs", 1, 10, 1_700_000_000_000);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        assert_eq!(a.uuid().get_version_num(), 7);
+    }
+
+    #[test]
+    fn derived_ids_sort_by_timestamp() {
+        let early = JobId::derived("jobs", 5, 999, 1_000);
+        let late = JobId::derived("jobs", 0, 0, 2_000);
+        assert!(early < late);
+    }
+
+    #[test]
+    fn generated_ids_are_v7_and_round_trip_as_text_and_bytes() {
+        let id = JobId::new();
+        assert_eq!(id.uuid().get_version_num(), 7);
+        assert_eq!(id.to_string().parse::<JobId>().unwrap(), id);
+        assert_eq!(JobId::from_bytes(*id.as_bytes()), id);
+    }
+
+    #[test]
+    fn after_saturates_instead_of_overflowing() {
+        let job = Job::new("t", "k", "p").after(Duration::from_secs(u64::MAX));
+        assert!(job.run_at.timestamp_millis() > 0);
+    }
+}

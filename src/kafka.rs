@@ -1,0 +1,165 @@
+//! The one place where rdkafka clients are built from [`KafkaConfig`].
+//!
+//! Kairos's defaults go in first, then the user's pass-through maps
+//! (`[kafka.client]`, then `[kafka.producer]` or `[kafka.consumer]`), so any
+//! librdkafka setting, TLS and SASL included, can be set or overridden from
+//! configuration.
+
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::{ClientConfig, FromClientConfig, FromClientConfigAndContext};
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::future_producer::Delivery;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+
+use crate::config::{KafkaConfig, PassThrough};
+use crate::wire::OwnedRecord;
+
+/// Settings shared by every client: bootstrap servers, a client id, and the
+/// `[kafka.client]` map.
+pub fn base_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers);
+    c.set("client.id", client_id);
+    apply(&mut c, cfg.client.iter());
+    c
+}
+
+fn apply<'a>(c: &mut ClientConfig, map: impl Iterator<Item = (&'a String, &'a PassThrough)>) {
+    for (k, v) in map {
+        c.set(k, &v.0);
+    }
+}
+
+/// Producer settings: idempotent (no duplicates or reordering from the
+/// producer's own retries), acknowledged by all in-sync replicas, the Java
+/// client's partitioner (murmur2) so that a key lands on the same partition
+/// whichever client wrote it.
+pub fn producer_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers);
+    c.set("client.id", client_id);
+    c.set("enable.idempotence", "true");
+    c.set("acks", "all");
+    c.set("partitioner", "murmur2_random");
+    c.set("linger.ms", "5");
+    c.set("message.timeout.ms", cfg.produce_timeout.as_millis().to_string());
+    apply(&mut c, cfg.client.iter());
+    apply(&mut c, cfg.producer.iter());
+    c
+}
+
+/// Consumer settings for a member of `group`: offsets are stored by Kairos
+/// only once a record's effect is durable (`enable.auto.offset.store=false`)
+/// and committed in the background; cooperative-sticky assignment so that a
+/// rebalance moves only the partitions that must move.
+pub fn consumer_config(cfg: &KafkaConfig, group: &str, client_id: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers);
+    c.set("client.id", client_id);
+    c.set("group.id", group);
+    c.set("enable.auto.commit", "true");
+    c.set("auto.commit.interval.ms", "1000");
+    c.set("enable.auto.offset.store", "false");
+    c.set("auto.offset.reset", "earliest");
+    c.set("partition.assignment.strategy", "cooperative-sticky");
+    c.set("enable.partition.eof", "false");
+    apply(&mut c, cfg.client.iter());
+    apply(&mut c, cfg.consumer.iter());
+    c
+}
+
+/// An idempotent producer.
+pub fn producer(cfg: &KafkaConfig, client_id: &str) -> Result<FutureProducer, KafkaError> {
+    FutureProducer::from_config(&producer_config(cfg, client_id))
+}
+
+/// A consumer in `group` with a custom context (rebalance callbacks).
+pub fn consumer<C, T>(cfg: &KafkaConfig, group: &str, client_id: &str, context: C) -> Result<T, KafkaError>
+where
+    C: ConsumerContext,
+    T: FromClientConfigAndContext<C>,
+{
+    T::from_config_and_context(&consumer_config(cfg, group, client_id), context)
+}
+
+/// An admin client.
+pub fn admin(cfg: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
+    AdminClient::from_config(&base_config(cfg, "kairos-admin"))
+}
+
+/// Produce one record and wait for the broker's acknowledgement (or for
+/// librdkafka's `message.timeout.ms` to expire). `partition` pins the
+/// partition; `None` lets the partitioner choose by key.
+pub async fn send(
+    producer: &FutureProducer,
+    rec: &OwnedRecord,
+    partition: Option<i32>,
+) -> Result<Delivery, KafkaError> {
+    let mut fr = FutureRecord::to(&rec.topic)
+        .key(&rec.key)
+        .headers(rec.kafka_headers());
+    if let Some(v) = &rec.value {
+        fr = fr.payload(v);
+    }
+    if let Some(p) = partition {
+        fr = fr.partition(p);
+    }
+    producer.send(fr, Timeout::Never).await.map_err(|(e, _)| e)
+}
+
+/// Number of partitions of `topic`, from the cluster's metadata. Blocking
+/// (librdkafka's metadata call), so it runs on tokio's blocking pool.
+pub async fn partition_count(
+    producer: &FutureProducer,
+    topic: &str,
+    timeout: std::time::Duration,
+) -> Result<i32, KafkaError> {
+    use rdkafka::producer::Producer as _;
+    let producer = producer.clone();
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let md = producer.client().fetch_metadata(Some(&topic), timeout)?;
+        let t = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .ok_or(KafkaError::MetadataFetch(
+                rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
+            ))?;
+        if let Some(e) = t.error() {
+            return Err(KafkaError::MetadataFetch(e.into()));
+        }
+        if t.partitions().is_empty() {
+            return Err(KafkaError::MetadataFetch(
+                rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
+            ));
+        }
+        Ok(t.partitions().len() as i32)
+    })
+    .await
+    .map_err(|_| KafkaError::Canceled)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_settings_override_defaults() {
+        let mut cfg = KafkaConfig::default();
+        cfg.client.insert("security.protocol".into(), "ssl".into());
+        cfg.producer.insert("linger.ms".into(), "50".into());
+        cfg.consumer.insert("auto.offset.reset".into(), "latest".into());
+        let p = producer_config(&cfg, "p");
+        assert_eq!(p.get("linger.ms"), Some("50"));
+        assert_eq!(p.get("security.protocol"), Some("ssl"));
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        let c = consumer_config(&cfg, "g", "c");
+        assert_eq!(c.get("auto.offset.reset"), Some("latest"));
+        assert_eq!(c.get("linger.ms"), None);
+        assert_eq!(c.get("group.id"), Some("g"));
+    }
+}

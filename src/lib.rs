@@ -1,0 +1,37 @@
+//! Kairos: a delayed-scheduling job queue on Apache Kafka.
+//!
+//! Producers write jobs keyed by entity to Kafka topics. Jobs due now go
+//! straight to a work topic; future-dated ones go to the schedule topic,
+//! where a scheduler holds them on disk and fires them at their run-at.
+//! Workers run jobs in parallel across keys and one at a time per key.
+//!
+//! # Layout
+//!
+//! - [`job`]: the [`Job`] and its [`JobId`].
+//! - [`wire`]: the wire contract, a job as a Kafka record (key, value,
+//!   `kairos-*` headers); decoding errors name the header and the reason.
+//! - [`clock`]: injected time, so tests drive the clock instead of sleeping.
+//! - [`config`]: TOML configuration with `KAIROS_...` environment overrides.
+//! - [`kafka`]: the one place rdkafka clients are built from configuration.
+//! - [`producer`]: enqueue now, `at` a time or `after` a delay; cancel and
+//!   reschedule.
+//! - [`topics`]: `kairos topics init`.
+//! - [`dev_broker`]: an in-process development broker for trying Kairos
+//!   without Kafka.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod config;
+pub mod dev_broker;
+pub mod job;
+pub mod kafka;
+pub mod producer;
+pub mod topics;
+pub mod wire;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{Config, ConfigError};
+pub use job::{Job, JobId};
+pub use producer::{Enqueue, ProduceError, Producer};
+pub use wire::{DecodeError, Limits};

@@ -1,0 +1,158 @@
+//! The `kairos` command: parses the command line, loads configuration,
+//! starts tracing and calls into the library.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use kairos::config::{self, Config};
+use kairos::{Job, JobId, Producer};
+
+#[derive(Parser)]
+#[command(
+    name = "kairos",
+    version,
+    about = "Delayed-scheduling job queue on Apache Kafka"
+)]
+struct Cli {
+    /// Configuration file (TOML); `KAIROS_<SECTION>__<KEY>` variables override it.
+    #[arg(long, short, global = true, env = "KAIROS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Bootstrap servers, overriding `kafka.brokers`.
+    #[arg(long, global = true)]
+    brokers: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage Kairos's topics.
+    Topics {
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+    /// Write a job: due now, at a time, or after a delay.
+    Enqueue {
+        /// Work topic the job runs from.
+        #[arg(long)]
+        topic: String,
+        /// Entity key: jobs of one key run one at a time, in order.
+        #[arg(long)]
+        key: String,
+        /// Payload (text).
+        #[arg(long)]
+        payload: String,
+        /// Run at this time (RFC 3339, or epoch milliseconds).
+        #[arg(long, conflicts_with = "after")]
+        at: Option<String>,
+        /// Run after this delay (e.g. `90s`, `5m`, `1h 30m`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        after: Option<Duration>,
+        /// Tenant, for fair dispatch.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Attempts allowed before dead-lettering.
+        #[arg(long)]
+        max_attempts: Option<u32>,
+    },
+    /// Cancel a pending job by id.
+    Cancel {
+        /// The job id printed by `enqueue`.
+        id: JobId,
+    },
+    /// Move a pending job to a new run-at.
+    Reschedule {
+        /// The job id printed by `enqueue`.
+        id: JobId,
+        /// New run-at (RFC 3339, or epoch milliseconds).
+        #[arg(long)]
+        at: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicsCommand {
+    /// Create the schedule, changelog, dead-letter and work topics; safe to run twice.
+    Init,
+}
+
+fn load(cli: &Cli) -> anyhow::Result<Config> {
+    let mut cfg: Config = config::load(cli.config.as_deref())?;
+    if let Some(b) = &cli.brokers {
+        cfg.kafka.brokers = b.clone();
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn parse_time(text: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    kairos::wire::parse_time(text).map_err(|p| anyhow::anyhow!("--at {p}"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let cfg = load(&cli)?;
+    match cli.command {
+        Command::Topics {
+            command: TopicsCommand::Init,
+        } => {
+            let report = kairos::topics::init(&cfg).await?;
+            for r in report {
+                let what = match r.outcome {
+                    kairos::topics::TopicOutcome::Created => "created",
+                    kairos::topics::TopicOutcome::AlreadyExists => "exists ",
+                };
+                println!("{what}  {:<12} {} ({} partitions)", r.role, r.name, r.partitions);
+            }
+        }
+        Command::Enqueue {
+            topic,
+            key,
+            payload,
+            at,
+            after,
+            tenant,
+            max_attempts,
+        } => {
+            let producer = Producer::new(&cfg)?;
+            let mut job = Job::new(topic, key, payload);
+            job.tenant = tenant;
+            job.max_attempts = max_attempts;
+            let mut write = producer.enqueue(job);
+            if let Some(at) = at {
+                write = write.at(parse_time(&at)?);
+            }
+            if let Some(d) = after {
+                write = write.after(d);
+            }
+            let id = write.await.context("enqueue")?;
+            println!("{id}");
+        }
+        Command::Cancel { id } => {
+            Producer::new(&cfg)?.cancel(id).await.context("cancel")?;
+            println!("cancel of {id} written");
+        }
+        Command::Reschedule { id, at } => {
+            let at = parse_time(&at)?;
+            if at.timestamp_millis() < 0 {
+                bail!("--at must be after 1970");
+            }
+            Producer::new(&cfg)?
+                .reschedule(id, at)
+                .await
+                .context("reschedule")?;
+            println!("reschedule of {id} to {} written", kairos::wire::format_time(at));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! `kairos topics init`: create the topics Kairos needs, safely twice.
+//!
+//! - the schedule topic (future-dated jobs, retries, cancels);
+//! - the scheduler's changelog, compacted, with as many partitions as the
+//!   schedule topic (partition N of one mirrors partition N of the other);
+//! - the dead-letter topic;
+//! - the work topics named in `[topics] work`.
+//!
+//! A topic that exists already is left as it is and reported; the one
+//! property Kairos relies on, equal partition counts of schedule topic and
+//! changelog, is checked against the cluster's metadata every time.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use tracing::info;
+
+use crate::config::Config;
+use crate::kafka;
+
+/// What `init` did with one topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicOutcome {
+    /// Created now.
+    Created,
+    /// Was there already; left untouched.
+    AlreadyExists,
+}
+
+/// One line of `init`'s report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicReport {
+    /// The topic's name.
+    pub name: String,
+    /// What its role is.
+    pub role: &'static str,
+    /// Partitions asked for.
+    pub partitions: i32,
+    /// What happened.
+    pub outcome: TopicOutcome,
+}
+
+/// Why topics could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicsError {
+    /// The admin client failed (connection, authorization, timeout).
+    #[error("admin request failed: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The broker refused to create a topic.
+    #[error("creating topic `{topic}` failed: {code}")]
+    Create {
+        /// The topic.
+        topic: String,
+        /// The broker's error code.
+        code: RDKafkaErrorCode,
+    },
+    /// The broker's answer did not mention a topic that was asked for.
+    #[error("the broker did not answer for topic `{0}`")]
+    NoAnswer(String),
+    /// Schedule topic and changelog disagree on partition count.
+    #[error(
+        "schedule topic `{schedule}` has {schedule_partitions} partitions but changelog `{changelog}` has \
+         {changelog_partitions}; they must match (recreate the changelog with the same count)"
+    )]
+    PartitionMismatch {
+        /// Schedule topic name.
+        schedule: String,
+        /// Its partitions.
+        schedule_partitions: i32,
+        /// Changelog topic name.
+        changelog: String,
+        /// Its partitions.
+        changelog_partitions: i32,
+    },
+}
+
+/// One topic `init` creates, with its settings.
+struct Planned<'a> {
+    name: &'a str,
+    role: &'static str,
+    partitions: i32,
+    settings: &'static [(&'static str, &'static str)],
+}
+
+/// Changelog settings: compacted; tombstones outlive a scheduler restart so
+/// a rebuild sees the delete (a day is ample).
+const CHANGELOG_SETTINGS: &[(&str, &str)] =
+    &[("cleanup.policy", "compact"), ("delete.retention.ms", "86400000")];
+
+fn plan(cfg: &Config) -> Vec<Planned<'_>> {
+    let t = &cfg.topics;
+    let topic = |name, role, partitions, settings| Planned {
+        name,
+        role,
+        partitions,
+        settings,
+    };
+    let mut out = vec![
+        topic(t.schedule.as_str(), "schedule", t.schedule_partitions, &[][..]),
+        topic(
+            &t.changelog,
+            "changelog",
+            t.schedule_partitions,
+            CHANGELOG_SETTINGS,
+        ),
+        topic(&t.dead_letter, "dead-letter", t.dead_letter_partitions, &[]),
+    ];
+    for w in &t.work {
+        out.push(topic(w, "work", t.work_partitions, &[]));
+    }
+    out
+}
+
+/// Name and partition count of every topic `init` creates (for brokers
+/// without the admin API, such as the development broker).
+pub fn planned(cfg: &Config) -> Vec<(String, i32)> {
+    plan(cfg)
+        .into_iter()
+        .map(|p| (p.name.to_string(), p.partitions))
+        .collect()
+}
+
+/// Create every topic Kairos needs; existing ones are reported, not changed.
+pub async fn init(cfg: &Config) -> Result<Vec<TopicReport>, TopicsError> {
+    let admin = kafka::admin(&cfg.kafka)?;
+    let planned = plan(cfg);
+    let new_topics: Vec<NewTopic<'_>> = planned
+        .iter()
+        .map(|p| {
+            let rf = TopicReplication::Fixed(cfg.topics.replication_factor);
+            p.settings
+                .iter()
+                .fold(NewTopic::new(p.name, p.partitions, rf), |t, (k, v)| t.set(k, v))
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin.create_topics(new_topics.iter(), &opts).await?;
+    let mut outcomes = std::collections::HashMap::new();
+    for res in results {
+        match res {
+            Ok(name) => outcomes.insert(name, TopicOutcome::Created),
+            Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                outcomes.insert(name, TopicOutcome::AlreadyExists)
+            }
+            Err((name, code)) => return Err(TopicsError::Create { topic: name, code }),
+        };
+    }
+    let mut report = Vec::new();
+    for p in &planned {
+        let outcome = outcomes
+            .get(p.name)
+            .cloned()
+            .ok_or_else(|| TopicsError::NoAnswer(p.name.to_string()))?;
+        info!(topic = p.name, role = p.role, ?outcome, "topic");
+        report.push(TopicReport {
+            name: p.name.to_string(),
+            role: p.role,
+            partitions: p.partitions,
+            outcome,
+        });
+    }
+    check_partitions(cfg).await?;
+    Ok(report)
+}
+
+/// Fail unless the schedule topic and its changelog have the same partition count.
+pub async fn check_partitions(cfg: &Config) -> Result<(), TopicsError> {
+    let producer = kafka::producer(&cfg.kafka, "kairos-admin")?;
+    let timeout = Duration::from_secs(10);
+    let s = kafka::partition_count(&producer, &cfg.topics.schedule, timeout).await?;
+    let c = kafka::partition_count(&producer, &cfg.topics.changelog, timeout).await?;
+    if s != c {
+        return Err(TopicsError::PartitionMismatch {
+            schedule: cfg.topics.schedule.clone(),
+            schedule_partitions: s,
+            changelog: cfg.topics.changelog.clone(),
+            changelog_partitions: c,
+        });
+    }
+    Ok(())
+}

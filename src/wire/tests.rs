@@ -1,0 +1,435 @@
+use super::*;
+use proptest::prelude::*;
+
+fn view_of(rec: &OwnedRecord) -> RecordView<'_> {
+    RecordView {
+        topic: &rec.topic,
+        partition: 3,
+        offset: 42,
+        timestamp_ms: Some(1_700_000_000_000),
+        key: Some(&rec.key),
+        value: rec.value.as_deref(),
+        headers: rec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect(),
+    }
+}
+
+fn plain<'a>(headers: Vec<(&'a str, Option<&'a [u8]>)>) -> RecordView<'a> {
+    RecordView {
+        topic: "jobs",
+        partition: 0,
+        offset: 7,
+        timestamp_ms: Some(1_700_000_000_000),
+        key: Some(b"user-1"),
+        value: Some(b"payload"),
+        headers,
+    }
+}
+
+fn work(view: &RecordView<'_>) -> Result<Command, DecodeError> {
+    decode(view, Context::Work, &Limits::default())
+}
+
+fn job_strategy() -> impl Strategy<Value = Job> {
+    (
+        proptest::collection::vec(any::<u8>(), 1..64),
+        proptest::collection::vec(any::<u8>(), 1..256),
+        // Whole milliseconds from year 0 to 9999.
+        -62_167_219_200_000i64..253_402_300_799_999i64,
+        "[a-z][a-z0-9._-]{0,30}",
+        1u32..=u32::MAX,
+        proptest::option::of(1u32..=u32::MAX),
+        proptest::option::of("[^\\s][a-zA-Z0-9 ]{0,20}"),
+        proptest::option::of(".{0,40}"),
+        proptest::collection::vec(
+            (
+                "[a-z][a-z0-9-]{0,10}",
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..16)),
+            ),
+            0..4,
+        ),
+    )
+        .prop_map(|(key, payload, ms, topic, attempt, max, tenant, err, hdrs)| Job {
+            id: JobId::new(),
+            key,
+            payload,
+            run_at: Utc.timestamp_millis_opt(ms).unwrap(),
+            topic,
+            attempt,
+            max_attempts: max,
+            tenant,
+            last_error: err,
+            headers: hdrs
+                .into_iter()
+                // user headers must not use the reserved prefix
+                .map(|(k, v)| (format!("x-{k}"), v))
+                .collect(),
+        })
+}
+
+proptest! {
+    #[test]
+    fn encode_then_decode_is_identity_on_schedule_topic(job in job_strategy()) {
+        let rec = encode(&job, "kairos.schedule");
+        let decoded = decode(&view_of(&rec), Context::Schedule, &Limits::default()).unwrap();
+        prop_assert_eq!(decoded, Command::Schedule(job));
+    }
+
+    #[test]
+    fn encode_then_decode_is_identity_on_work_topic(job in job_strategy()) {
+        let rec = encode(&job, &job.topic);
+        let decoded = decode_job(&view_of(&rec), Context::Work, &Limits::default()).unwrap();
+        prop_assert_eq!(decoded, job);
+    }
+
+    #[test]
+    fn time_text_round_trips(ms in -62_167_219_200_000i64..253_402_300_799_999i64) {
+        let t = Utc.timestamp_millis_opt(ms).unwrap();
+        prop_assert_eq!(parse_time(&format_time(t)).unwrap(), t);
+        prop_assert_eq!(parse_time(&ms.to_string()).unwrap(), t);
+    }
+
+    #[test]
+    fn decode_never_panics_on_arbitrary_headers(
+        key in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
+        value in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
+        headers in proptest::collection::vec(
+            (prop_oneof![Just("kairos-run-at".to_string()), Just("kairos-attempt".to_string()),
+                         Just("kairos-id".to_string()), Just("kairos-op".to_string()),
+                         Just("kairos-topic".to_string()), "kairos-[a-z]{1,5}", "[a-z]{1,5}"],
+             proptest::option::of(proptest::collection::vec(any::<u8>(), 0..12))),
+            0..6),
+    ) {
+        let view = RecordView {
+            topic: "t", key: key.as_deref(), value: value.as_deref(),
+            headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect(),
+            ..Default::default()
+        };
+        let _ = decode(&view, Context::Schedule, &Limits::default());
+        let _ = decode(&view, Context::Work, &Limits::default());
+    }
+}
+
+fn any_job_strategy() -> impl Strategy<Value = Job> {
+    (
+        job_strategy(),
+        proptest::collection::vec(any::<u8>(), 0..3),
+        proptest::collection::vec(any::<u8>(), 0..3),
+        prop_oneof![
+            Just("".to_string()),
+            Just(" t".to_string()),
+            Just("t".to_string())
+        ],
+        0u32..3,
+        proptest::option::of(0u32..3),
+        proptest::option::of(prop_oneof![
+            Just("".to_string()),
+            Just(" ".to_string()),
+            Just("x".to_string())
+        ]),
+        prop_oneof![
+            Just("x-h".to_string()),
+            Just("kairos-h".to_string()),
+            Just("KAIROS-id".to_string())
+        ],
+        any::<bool>(),
+    )
+        .prop_map(
+            |(mut job, key, payload, topic, attempt, max, tenant, hname, mutate)| {
+                if mutate {
+                    job.key = key;
+                    job.payload = payload;
+                    job.topic = topic;
+                    job.attempt = attempt;
+                    job.max_attempts = max;
+                    job.tenant = tenant;
+                    job.headers.push((hname, None));
+                }
+                job
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn check_agrees_with_decode(job in any_job_strategy()) {
+        let rec = encode(&job, "kairos.schedule");
+        let decoded = decode(&view_of(&rec), Context::Schedule, &Limits::default());
+        match check(&job, &Limits::default()) {
+            Ok(()) => prop_assert_eq!(decoded, Ok(Command::Schedule(job))),
+            Err(e) => prop_assert!(decoded.is_err(), "check said {e} but decode accepted"),
+        }
+    }
+}
+
+#[test]
+fn a_record_without_headers_is_a_job_due_when_written() {
+    let Command::Schedule(job) = work(&plain(vec![])).unwrap() else {
+        panic!("expected a job")
+    };
+    assert_eq!(job.topic, "jobs");
+    assert_eq!(job.attempt, 1);
+    assert_eq!(job.run_at.timestamp_millis(), 1_700_000_000_000);
+    assert_eq!(job.id, JobId::derived("jobs", 0, 7, 1_700_000_000_000));
+}
+
+#[test]
+fn run_at_accepts_rfc3339_with_offset_and_epoch_millis() {
+    let a = parse_time("2030-05-01T12:00:00+02:00").unwrap();
+    let b = parse_time("1903860000000").unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        parse_time("9999-12-31T23:59:59.999Z").unwrap().timestamp_millis(),
+        253_402_300_799_999
+    );
+    assert_eq!(parse_time("-1000").unwrap().timestamp_millis(), -1000);
+}
+
+fn expect_bad(headers: Vec<(&str, Option<&[u8]>)>, name: &str, problem: HeaderProblem) {
+    match work(&plain(headers)) {
+        Err(DecodeError::BadHeader { name: n, problem: p }) => {
+            assert_eq!(n, name);
+            assert_eq!(p, problem);
+        }
+        other => panic!("expected bad header {name}, got {other:?}"),
+    }
+}
+
+#[test]
+fn unparseable_run_at_names_the_header_and_value() {
+    expect_bad(
+        vec![("kairos-run-at", Some(b"tomorrow"))],
+        "kairos-run-at",
+        HeaderProblem::BadTime("tomorrow".into()),
+    );
+    expect_bad(
+        vec![("kairos-run-at", Some(b"99999999999999999999999"))],
+        "kairos-run-at",
+        HeaderProblem::TimeOutOfRange("99999999999999999999999".into()),
+    );
+    expect_bad(
+        vec![("kairos-run-at", Some(b"9223372036854775807"))],
+        "kairos-run-at",
+        HeaderProblem::TimeOutOfRange("9223372036854775807".into()),
+    );
+    expect_bad(
+        vec![("kairos-run-at", Some(b""))],
+        "kairos-run-at",
+        HeaderProblem::Empty,
+    );
+    expect_bad(
+        vec![("kairos-run-at", None)],
+        "kairos-run-at",
+        HeaderProblem::NoValue,
+    );
+}
+
+#[test]
+fn non_utf8_text_is_rejected() {
+    expect_bad(
+        vec![("kairos-tenant", Some(&[0xff, 0xfe]))],
+        "kairos-tenant",
+        HeaderProblem::NotUtf8,
+    );
+    expect_bad(
+        vec![("kairos-run-at", Some(&[0xc3]))],
+        "kairos-run-at",
+        HeaderProblem::NotUtf8,
+    );
+}
+
+#[test]
+fn attempts_must_be_positive_integers() {
+    expect_bad(
+        vec![("kairos-attempt", Some(b"-1"))],
+        "kairos-attempt",
+        HeaderProblem::TooSmall { value: -1, min: 1 },
+    );
+    expect_bad(
+        vec![("kairos-attempt", Some(b"0"))],
+        "kairos-attempt",
+        HeaderProblem::TooSmall { value: 0, min: 1 },
+    );
+    expect_bad(
+        vec![("kairos-max-attempts", Some(b"three"))],
+        "kairos-max-attempts",
+        HeaderProblem::NotAnInteger("three".into()),
+    );
+    expect_bad(
+        vec![("kairos-attempt", Some(b"4294967296"))],
+        "kairos-attempt",
+        HeaderProblem::TooLarge("4294967296".into()),
+    );
+}
+
+#[test]
+fn ids_must_be_uuids() {
+    expect_bad(
+        vec![("kairos-id", Some(b"job-1"))],
+        "kairos-id",
+        HeaderProblem::NotAUuid("job-1".into()),
+    );
+}
+
+#[test]
+fn unknown_version_is_rejected() {
+    assert_eq!(
+        work(&plain(vec![("kairos-version", Some(b"2"))])),
+        Err(DecodeError::UnknownVersion("2".into()))
+    );
+}
+
+#[test]
+fn duplicated_and_unknown_kairos_headers_are_rejected() {
+    assert_eq!(
+        work(&plain(vec![
+            ("kairos-attempt", Some(b"1")),
+            ("kairos-attempt", Some(b"2"))
+        ])),
+        Err(DecodeError::DuplicateHeader("kairos-attempt"))
+    );
+    assert_eq!(
+        work(&plain(vec![("kairos-runat", Some(b"0"))])),
+        Err(DecodeError::UnknownHeader("kairos-runat".into()))
+    );
+    assert_eq!(
+        work(&plain(vec![("Kairos-Run-At", Some(b"0"))])),
+        Err(DecodeError::UnknownHeader("Kairos-Run-At".into()))
+    );
+}
+
+#[test]
+fn user_headers_pass_through_in_order_with_nulls() {
+    let Command::Schedule(job) = work(&plain(vec![
+        ("trace", Some(b"1")),
+        ("empty", None),
+        ("trace", Some(b"2")),
+    ]))
+    .unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        job.headers,
+        vec![
+            ("trace".to_string(), Some(b"1".to_vec())),
+            ("empty".to_string(), None),
+            ("trace".to_string(), Some(b"2".to_vec())),
+        ]
+    );
+}
+
+#[test]
+fn keys_and_payloads_are_checked_against_limits() {
+    let mut v = plain(vec![]);
+    v.key = None;
+    assert_eq!(work(&v), Err(DecodeError::MissingKey));
+    v.key = Some(b"");
+    assert_eq!(work(&v), Err(DecodeError::MissingKey));
+    let big = vec![b'k'; 4097];
+    v.key = Some(&big);
+    assert_eq!(work(&v), Err(DecodeError::KeyTooLarge { len: 4097, max: 4096 }));
+    v.key = Some(b"k");
+    v.value = None;
+    assert_eq!(work(&v), Err(DecodeError::EmptyPayload));
+    v.value = Some(b"");
+    assert_eq!(work(&v), Err(DecodeError::EmptyPayload));
+    let allow = Limits {
+        allow_empty_payload: true,
+        ..Limits::default()
+    };
+    assert!(decode(&v, Context::Work, &allow).is_ok());
+    let huge = vec![0u8; 1_000_001];
+    v.value = Some(&huge);
+    assert_eq!(
+        work(&v),
+        Err(DecodeError::PayloadTooLarge {
+            len: 1_000_001,
+            max: 1_000_000
+        })
+    );
+}
+
+#[test]
+fn schedule_topic_requires_a_target_topic() {
+    let v = plain(vec![("kairos-run-at", Some(b"0"))]);
+    assert!(matches!(
+        decode(&v, Context::Schedule, &Limits::default()),
+        Err(DecodeError::MissingHeader {
+            name: "kairos-topic",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn cancel_and_reschedule_round_trip_and_are_refused_on_work_topics() {
+    let id = JobId::new();
+    let rec = encode_cancel(id, "kairos.schedule");
+    assert_eq!(
+        decode(&view_of(&rec), Context::Schedule, &Limits::default()),
+        Ok(Command::Cancel(id))
+    );
+    assert_eq!(work(&view_of(&rec)), Err(DecodeError::OpNotAllowed("cancel")));
+
+    let at = Utc.timestamp_millis_opt(1_900_000_000_123).unwrap();
+    let rec = encode_reschedule(id, at, "kairos.schedule");
+    assert_eq!(
+        decode(&view_of(&rec), Context::Schedule, &Limits::default()),
+        Ok(Command::Reschedule { id, run_at: at })
+    );
+    let v = plain(vec![("kairos-op", Some(b"cancel"))]);
+    assert!(matches!(
+        decode(&v, Context::Schedule, &Limits::default()),
+        Err(DecodeError::MissingHeader {
+            name: "kairos-id",
+            ..
+        })
+    ));
+    let v = plain(vec![("kairos-op", Some(b"delete"))]);
+    assert!(matches!(
+        decode(&v, Context::Schedule, &Limits::default()),
+        Err(DecodeError::BadHeader {
+            name: "kairos-op",
+            problem: HeaderProblem::UnknownOp(_)
+        })
+    ));
+}
+
+#[test]
+fn dead_letters_keep_the_original_record_and_replace_old_reasons() {
+    let original = plain(vec![
+        ("kairos-run-at", Some(b"garbage")),
+        ("kairos-dead-reason", Some(b"old")),
+    ]);
+    let dead = DeadLetter {
+        reason: "header `kairos-run-at` is bad".into(),
+        origin_topic: "jobs".into(),
+        origin_partition: 0,
+        origin_offset: 7,
+    };
+    let rec = dead_letter_record(&original, &dead, "kairos.dead");
+    assert_eq!(rec.key, b"user-1");
+    assert_eq!(rec.value.as_deref(), Some(&b"payload"[..]));
+    assert_eq!(rec.header("kairos-run-at"), Some(&b"garbage"[..]));
+    assert_eq!(rec.header("kairos-dead-reason"), Some(dead.reason.as_bytes()));
+    assert_eq!(rec.header("kairos-origin-offset"), Some(&b"7"[..]));
+    assert_eq!(
+        rec.headers
+            .iter()
+            .filter(|(k, _)| k == "kairos-dead-reason")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn errors_read_well() {
+    let e = work(&plain(vec![("kairos-run-at", Some(b"soon"))])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "header `kairos-run-at` `soon` is neither an RFC 3339 time nor integer epoch milliseconds"
+    );
+}
