@@ -32,6 +32,53 @@ pub struct Config {
     pub topics: TopicsConfig,
     /// Size limits on keys and payloads; larger records are dead-lettered.
     pub limits: Limits,
+    /// The scheduler service.
+    pub scheduler: SchedulerConfig,
+}
+
+/// Settings of the scheduler service (`kairos scheduler`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Consumer group of the scheduler instances; they share the schedule
+    /// topic's partitions.
+    pub group_id: String,
+    /// Directory of the sled store of pending jobs (one per instance).
+    pub data_dir: PathBuf,
+    /// Bytes of sled page cache; with `window_capacity`, what bounds the
+    /// scheduler's memory whatever the number of pending jobs.
+    pub cache_capacity: u64,
+    /// How far ahead of now jobs are held in memory.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Most jobs held in memory at once.
+    pub window_capacity: usize,
+    /// Most jobs fired in one batch.
+    pub fire_batch: usize,
+    /// Most schedule records persisted in one batch (one fsync).
+    pub ingest_batch: usize,
+    /// How often the scheduler logs what it owns, pending counts and lag.
+    #[serde(with = "humantime_serde")]
+    pub report_interval: Duration,
+    /// Longest a partition's rebuild from the changelog may take.
+    #[serde(with = "humantime_serde")]
+    pub rebuild_timeout: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            group_id: "kairos-scheduler".into(),
+            data_dir: PathBuf::from("data/scheduler"),
+            cache_capacity: 64 * 1024 * 1024,
+            window: Duration::from_secs(60),
+            window_capacity: 100_000,
+            fire_batch: 1000,
+            ingest_batch: 2000,
+            report_interval: Duration::from_secs(30),
+            rebuild_timeout: Duration::from_secs(600),
+        }
+    }
 }
 
 /// Connection to Kafka.
@@ -337,6 +384,19 @@ impl Config {
         if self.limits.max_key_bytes == 0 {
             return Err(invalid("limits.max_key_bytes", "must be at least 1"));
         }
+        let s = &self.scheduler;
+        for (key, n) in [
+            ("scheduler.window_capacity", s.window_capacity),
+            ("scheduler.fire_batch", s.fire_batch),
+            ("scheduler.ingest_batch", s.ingest_batch),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if s.window.is_zero() {
+            return Err(invalid("scheduler.window", "must be longer than zero"));
+        }
         Ok(())
     }
 }
@@ -366,11 +426,7 @@ mod tests {
             let text = std::fs::read_to_string(&path).unwrap();
             let c: toml::Table = text.parse().unwrap();
             // The file's common sections must load as Config.
-            let common: toml::Table = c
-                .into_iter()
-                .filter(|(k, _)| ["kafka", "topics", "limits"].contains(&k.as_str()))
-                .collect();
-            let cfg: Config = load_from(file, &common.to_string(), env(&[])).unwrap();
+            let cfg: Config = load_from(file, &c.to_string(), env(&[])).unwrap();
             cfg.validate().unwrap();
         }
     }

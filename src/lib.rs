@@ -16,6 +16,8 @@
 //! - [`producer`]: enqueue now, `at` a time or `after` a delay; cancel and
 //!   reschedule.
 //! - [`topics`]: `kairos topics init`.
+//! - [`scheduler`]: the scheduler service: sled store, timer wheel,
+//!   changelog, ingest and dispatch.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod dev_broker;
 pub mod job;
 pub mod kafka;
 pub mod producer;
+pub mod scheduler;
 pub mod topics;
 pub mod wire;
 

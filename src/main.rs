@@ -34,6 +34,8 @@ enum Command {
         #[command(subcommand)]
         command: TopicsCommand,
     },
+    /// Run the scheduler service: hold future jobs on disk, fire them on time.
+    Scheduler,
     /// Write a job: due now, at a time, or after a delay.
     Enqueue {
         /// Work topic the job runs from.
@@ -71,6 +73,22 @@ enum Command {
         #[arg(long)]
         at: String,
     },
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 #[derive(Subcommand)]
@@ -137,6 +155,10 @@ async fn main() -> anyhow::Result<()> {
             }
             let id = write.await.context("enqueue")?;
             println!("{id}");
+        }
+        Command::Scheduler => {
+            let scheduler = kairos::scheduler::Scheduler::new(&cfg, kairos::clock::system())?;
+            scheduler.run(terminated()).await?;
         }
         Command::Cancel { id } => {
             Producer::new(&cfg)?.cancel(id).await.context("cancel")?;

@@ -222,27 +222,33 @@ pub struct RecordView<'a> {
     pub key: Option<&'a [u8]>,
     /// Record value.
     pub value: Option<&'a [u8]>,
-    /// Headers in record order; names that are not UTF-8 were turned into
-    /// [`DecodeError::HeaderNameNotUtf8`] when the view was made.
+    /// Headers in record order, less any whose name is not UTF-8.
     pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+    /// Index of the first header whose name is not UTF-8; such a record
+    /// does not decode ([`DecodeError::HeaderNameNotUtf8`]).
+    pub unreadable_header: Option<usize>,
 }
 
 impl<'a> RecordView<'a> {
-    /// View an rdkafka message. Fails only when a header name is not UTF-8
-    /// (rdkafka panics on such names; the panic is caught here so that a
-    /// hostile producer cannot crash a consumer).
-    pub fn from_message<M: Message>(m: &'a M) -> Result<Self, DecodeError> {
+    /// View an rdkafka message. rdkafka panics on a header name that is
+    /// not UTF-8; that panic is caught here, the header is left out and
+    /// noted in `unreadable_header`, so that a hostile producer cannot crash
+    /// a consumer and the rest of the record still reaches the dead-letter topic.
+    pub fn from_message<M: Message>(m: &'a M) -> Self {
         let mut headers = Vec::new();
+        let mut unreadable_header = None;
         if let Some(hs) = m.headers() {
             for i in 0..hs.count() {
-                let h = catch_unwind(AssertUnwindSafe(|| hs.try_get(i)))
-                    .map_err(|_| DecodeError::HeaderNameNotUtf8(i))?;
-                if let Some(h) = h {
-                    headers.push((h.key, h.value));
+                match catch_unwind(AssertUnwindSafe(|| hs.try_get(i))) {
+                    Ok(Some(h)) => headers.push((h.key, h.value)),
+                    Ok(None) => {}
+                    Err(_) => {
+                        unreadable_header.get_or_insert(i);
+                    }
                 }
             }
         }
-        Ok(RecordView {
+        RecordView {
             topic: m.topic(),
             partition: m.partition(),
             offset: m.offset(),
@@ -250,7 +256,8 @@ impl<'a> RecordView<'a> {
             key: m.key(),
             value: m.payload(),
             headers,
-        })
+            unreadable_header,
+        }
     }
 }
 
@@ -500,6 +507,9 @@ fn sort_headers<'a>(headers: &[(&'a str, Option<&'a [u8]>)]) -> Result<(Found<'a
 /// assert_eq!(job.run_at.to_rfc3339(), "2030-01-01T00:00:00+00:00");
 /// ```
 pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Result<Command, DecodeError> {
+    if let Some(i) = view.unreadable_header {
+        return Err(DecodeError::HeaderNameNotUtf8(i));
+    }
     let (found, user_headers) = sort_headers(&view.headers)?;
     if let Some(v) = found.text(header::VERSION)? {
         if v.trim() != VERSION {

@@ -14,6 +14,7 @@ fn view_of(rec: &OwnedRecord) -> RecordView<'_> {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_deref()))
             .collect(),
+        unreadable_header: None,
     }
 }
 
@@ -26,6 +27,7 @@ fn plain<'a>(headers: Vec<(&'a str, Option<&'a [u8]>)>) -> RecordView<'a> {
         key: Some(b"user-1"),
         value: Some(b"payload"),
         headers,
+        unreadable_header: None,
     }
 }
 

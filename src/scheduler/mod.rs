@@ -1,0 +1,31 @@
+//! The scheduler service: holds future-dated jobs on disk and fires each into
+//! its work topic at its run-at.
+//!
+//! Parts:
+//! - [`stored`]: a job's bytes at rest (sled and changelog).
+//! - [`store`]: the sled store of pending jobs, ordered by run-at.
+//! - [`timer_wheel`]: the in-memory window over the near future.
+//! - [`changelog`]: the compacted changelog that hands a partition's state
+//!   to its next owner.
+//! - [`service`]: ingest (consume, persist, commit), dispatch (fire on time)
+//!   and partition moves.
+//!
+//! # Guarantees
+//!
+//! A record of the schedule topic is committed only once its effect is in
+//! the local store (flushed to disk) *and* in the changelog (acknowledged by
+//! Kafka). A job is deleted only after its work-topic write was
+//! acknowledged. So no job is lost when a scheduler is killed at any moment.
+//!
+//! A job can fire twice when the scheduler dies after the work-topic write was
+//! acknowledged and before the deletion reached the changelog and the store,
+//! or when a partition moves in that window. The job id is the same both
+//! times, so handlers deduplicate on it.
+
+pub mod changelog;
+pub mod service;
+pub mod store;
+pub mod stored;
+pub mod timer_wheel;
+
+pub use service::{Scheduler, SchedulerError, Status};

@@ -1,0 +1,737 @@
+//! The running scheduler: ingest, dispatch and partition moves.
+//!
+//! - **Ingest** runs on its own thread with a blocking consumer, so that the
+//!   rebalance callbacks can do their work (drain firing, rebuild from the
+//!   changelog) before a partition is released or consumed. For each batch
+//!   of schedule records it writes the changelog, applies the changes to
+//!   the store, flushes, and only then stores the offsets for commit.
+//! - **Dispatch** is a task that sleeps until the earliest job in the
+//!   window is due (or a newly ingested job is due sooner, or the window
+//!   needs a refill), fires due jobs into their work topics, then tombstones
+//!   and deletes them.
+//! - **Revocation**: a revoked partition leaves the window first, then the
+//!   callback waits for any fire in flight from it, commits, and lets go.
+//!   **Assignment**: the store catches up with the partition's changelog
+//!   from its checkpoint before the partition enters the window or a record
+//!   of it is ingested.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::FutureProducer;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Message};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::job::JobId;
+use crate::kafka;
+use crate::scheduler::changelog;
+use crate::scheduler::store::{Change, DueKey, Store, StoreError};
+use crate::scheduler::stored::StoredJob;
+use crate::scheduler::timer_wheel::TimerWheel;
+use crate::wire::{self, Command, Context, DeadLetter, OwnedRecord, RecordView};
+
+/// Why the scheduler stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// The store failed; the scheduler stops rather than acknowledge a job
+    /// it could not keep.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A Kafka client could not be created or subscribed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// A partition could not be rebuilt from its changelog.
+    #[error(transparent)]
+    Rebuild(#[from] changelog::RebuildError),
+    /// The ingest thread ended abnormally.
+    #[error("scheduler stopped: {0}")]
+    Fatal(String),
+}
+
+/// Counters, for status lines and tests.
+#[derive(Default)]
+struct Stats {
+    ingested: AtomicU64,
+    fired: AtomicU64,
+    cancelled: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+/// A snapshot of what the scheduler is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Schedule partitions owned.
+    pub owned: Vec<i32>,
+    /// Jobs pending in owned partitions.
+    pub pending: u64,
+    /// Jobs held in memory (the window).
+    pub in_memory: usize,
+    /// Schedule records ingested since start.
+    pub ingested: u64,
+    /// Jobs fired since start.
+    pub fired: u64,
+    /// Cancels applied since start.
+    pub cancelled: u64,
+    /// Records dead-lettered since start.
+    pub dead_lettered: u64,
+}
+
+/// State shared by ingest, dispatch and the rebalance callbacks.
+struct Shared {
+    /// Topics, limits and scheduler settings.
+    cfg: Config,
+    /// Pending jobs on disk.
+    store: Store,
+    /// The near future in memory; also the set of owned partitions.
+    wheel: Mutex<TimerWheel>,
+    /// Wakes the dispatcher: a job due sooner, a new partition, shutdown.
+    wake: Notify,
+    /// Partitions with a fire in flight; revocation waits for them.
+    firing: Mutex<HashSet<i32>>,
+    /// Signalled when `firing` shrinks.
+    firing_done: Condvar,
+    /// Writes fired jobs, changelog records and dead letters.
+    producer: FutureProducer,
+    /// Decides what is due.
+    clock: SharedClock,
+    /// Cancelled on shutdown or on a fatal error.
+    stop: CancellationToken,
+    /// The first fatal error, reported by `run`.
+    fatal: Mutex<Option<String>>,
+    /// Connection settings for changelog readers.
+    reader_config: ClientConfig,
+    stats: Stats,
+}
+
+impl Shared {
+    fn fail(&self, what: String) {
+        error!(error = %what, "scheduler stopping");
+        self.fatal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(what);
+        self.stop.cancel();
+        self.wake.notify_one();
+    }
+
+    fn wheel(&self) -> std::sync::MutexGuard<'_, TimerWheel> {
+        self.wheel.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The scheduler service.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+impl Scheduler {
+    /// Open the store and create the Kafka clients.
+    pub fn new(cfg: &Config, clock: SharedClock) -> Result<Self, SchedulerError> {
+        let s = &cfg.scheduler;
+        std::fs::create_dir_all(&s.data_dir).map_err(|e| StoreError::Sled(e.into()))?;
+        let store = Store::open(&s.data_dir, s.cache_capacity)?;
+        let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
+        let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        Ok(Scheduler {
+            shared: Arc::new(Shared {
+                cfg: cfg.clone(),
+                store,
+                wheel: Mutex::new(wheel),
+                wake: Notify::new(),
+                firing: Mutex::new(HashSet::new()),
+                firing_done: Condvar::new(),
+                producer,
+                clock,
+                stop: CancellationToken::new(),
+                fatal: Mutex::new(None),
+                reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
+                stats: Stats::default(),
+            }),
+        })
+    }
+
+    /// What the scheduler holds and has done.
+    pub fn status(&self) -> Status {
+        status(&self.shared)
+    }
+
+    /// Wake the dispatcher to look at the clock again (tests that drive a
+    /// manual clock call this after moving it).
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// A handle for reading status and waking the dispatcher while `run` goes on.
+    pub fn handle(&self) -> SchedulerHandle {
+        SchedulerHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Run until `shutdown` completes (or a fatal error): consume, persist,
+    /// fire. On shutdown, the fire in flight finishes, stored offsets are
+    /// committed and the group is left, so partitions move at once.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), SchedulerError> {
+        let shared = self.shared;
+        let ingest_shared = shared.clone();
+        let ingest = std::thread::Builder::new()
+            .name("kairos-ingest".into())
+            .spawn(move || {
+                if let Err(e) = ingest_loop(&ingest_shared) {
+                    ingest_shared.fail(e.to_string());
+                }
+            })
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
+        let stop = shared.stop.clone();
+        let dispatcher = dispatch_loop(shared.clone());
+        tokio::pin!(dispatcher);
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => {
+                info!("shutdown requested");
+                stop.cancel();
+                shared.wake.notify_one();
+                dispatcher.await;
+            }
+            _ = &mut dispatcher => {}
+        }
+        stop.cancel();
+        tokio::task::spawn_blocking(move || ingest.join())
+            .await
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?
+            .map_err(|_| SchedulerError::Fatal("ingest thread panicked".into()))?;
+        if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(SchedulerError::Fatal(e));
+        }
+        info!(status = ?status(&shared), "scheduler stopped");
+        Ok(())
+    }
+}
+
+/// A cheap handle to a running scheduler.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    shared: Arc<Shared>,
+}
+
+impl SchedulerHandle {
+    /// What the scheduler holds and has done.
+    pub fn status(&self) -> Status {
+        status(&self.shared)
+    }
+
+    /// Wake the dispatcher to look at the clock again.
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+}
+
+fn status(shared: &Shared) -> Status {
+    let (owned, in_memory) = {
+        let w = shared.wheel();
+        (w.partitions(), w.len())
+    };
+    let pending = owned
+        .iter()
+        .map(|p| shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0))
+        .sum();
+    Status {
+        owned,
+        pending,
+        in_memory,
+        ingested: shared.stats.ingested.load(Ordering::Relaxed),
+        fired: shared.stats.fired.load(Ordering::Relaxed),
+        cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
+        dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
+    }
+}
+
+// ---------------------------------------------------------------- ingest
+
+/// The consumer context: the rebalance callbacks.
+struct Ctx {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        {
+            let mut w = self.shared.wheel();
+            for p in &parts {
+                w.remove_partition(*p);
+            }
+        }
+        // Wait for a fire in flight from these partitions to finish.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut firing = self.shared.firing.lock().unwrap_or_else(|e| e.into_inner());
+        while parts.iter().any(|p| firing.contains(p)) && Instant::now() < deadline {
+            firing = self
+                .shared
+                .firing_done
+                .wait_timeout(firing, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(firing);
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => warn!(error = %e, "commit on revocation failed"),
+        }
+        info!(partitions = ?parts, "schedule partitions released");
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                for p in &parts {
+                    let started = Instant::now();
+                    let timeout = self.shared.cfg.scheduler.rebuild_timeout;
+                    match changelog::catch_up(
+                        &self.shared.reader_config,
+                        &self.shared.cfg.topics.changelog,
+                        *p,
+                        &self.shared.store,
+                        timeout,
+                    ) {
+                        Ok(read) => {
+                            let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
+                            info!(partition = p, changelog_records = read, pending, elapsed = ?started.elapsed(),
+                                "schedule partition assigned");
+                            self.shared.wheel().add_partition(*p);
+                        }
+                        Err(e) => {
+                            self.shared.fail(format!("rebuilding partition {p}: {e}"));
+                            return;
+                        }
+                    }
+                }
+                self.shared.wake.notify_one();
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// What one batch of schedule records does to one partition.
+#[derive(Default)]
+struct PartitionBatch {
+    changes: Vec<Change>,
+    changelog: Vec<OwnedRecord>,
+    /// The job as it stands after the changes so far in this batch (`None`: deleted).
+    overlay: HashMap<JobId, Option<StoredJob>>,
+    /// Highest offset handled.
+    last_offset: i64,
+}
+
+fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
+    let cfg = &shared.cfg;
+    let consumer: BaseConsumer<Ctx> = kafka::consumer(
+        &cfg.kafka,
+        &cfg.scheduler.group_id,
+        "kairos-scheduler",
+        Ctx {
+            shared: shared.clone(),
+        },
+    )?;
+    consumer.subscribe(&[&cfg.topics.schedule])?;
+    let mut last_report = Instant::now();
+    while !shared.stop.is_cancelled() {
+        let mut msgs: Vec<BorrowedMessage<'_>> = Vec::new();
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => warn!(error = %e, "schedule topic consumer"),
+            Some(Ok(m)) => msgs.push(m),
+        }
+        while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
+            match consumer.poll(Duration::ZERO) {
+                Some(Ok(m)) => msgs.push(m),
+                Some(Err(e)) => {
+                    warn!(error = %e, "schedule topic consumer");
+                    break;
+                }
+                None => break,
+            }
+        }
+        if !msgs.is_empty() {
+            if shared.stop.is_cancelled() {
+                break; // do not half-process a batch on the way out
+            }
+            ingest_batch(shared, &consumer, msgs)?;
+        }
+        if last_report.elapsed() >= cfg.scheduler.report_interval {
+            last_report = Instant::now();
+            report(shared, &consumer);
+        }
+    }
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => warn!(error = %e, "final commit failed"),
+    }
+    consumer.unsubscribe();
+    // Serve the revocation callback so the group moves our partitions now.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
+        consumer.poll(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    let st = status(shared);
+    let mut lag = 0i64;
+    if let Ok(pos) = consumer.position() {
+        for e in pos.elements() {
+            if let (Ok((_, high)), Some(at)) = (
+                consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1)),
+                e.offset().to_raw(),
+            ) {
+                if at >= 0 {
+                    lag += (high - at).max(0);
+                }
+            }
+        }
+    }
+    info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, ingested = st.ingested,
+        fired = st.fired, dead_lettered = st.dead_lettered, lag, "scheduler status");
+}
+
+/// The job `id` of partition `p` as it stands: this batch's changes first, then the store.
+fn current(
+    shared: &Shared,
+    p: i32,
+    id: &JobId,
+    pb: &PartitionBatch,
+) -> Result<Option<StoredJob>, StoreError> {
+    if let Some(o) = pb.overlay.get(id) {
+        return Ok(o.clone());
+    }
+    match shared.store.lookup(p, id)? {
+        Some(k) => shared.store.get(&k),
+        None => Ok(None),
+    }
+}
+
+fn ingest_batch(
+    shared: &Arc<Shared>,
+    consumer: &BaseConsumer<Ctx>,
+    msgs: Vec<BorrowedMessage<'_>>,
+) -> Result<(), SchedulerError> {
+    let cfg = &shared.cfg;
+    let mut parts: HashMap<i32, PartitionBatch> = HashMap::new();
+    let mut dead: Vec<OwnedRecord> = Vec::new();
+    for m in &msgs {
+        let p = m.partition();
+        let offset = m.offset();
+        let pb = parts.entry(p).or_default();
+        pb.last_offset = pb.last_offset.max(offset);
+        let view = RecordView::from_message(m);
+        match wire::decode(&view, Context::Schedule, &cfg.limits) {
+            Ok(Command::Schedule(job)) => {
+                debug!(job_id = %job.id, key = %job.key_lossy(), partition = p, offset,
+                    run_at = %wire::format_time(job.run_at), "scheduled");
+                let sj = StoredJob {
+                    job,
+                    seq: offset as u64,
+                };
+                pb.changelog
+                    .push(changelog::put_record(&cfg.topics.changelog, &sj));
+                pb.overlay.insert(sj.job.id, Some(sj.clone()));
+                pb.changes.push(Change::Put(sj));
+            }
+            Ok(Command::Cancel(id)) => {
+                if current(shared, p, &id, pb)?.is_some() {
+                    debug!(job_id = %id, partition = p, offset, "cancelled");
+                    shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    pb.changelog
+                        .push(changelog::tombstone(&cfg.topics.changelog, &id));
+                    pb.overlay.insert(id, None);
+                    pb.changes.push(Change::Delete(id));
+                }
+            }
+            Ok(Command::Reschedule { id, run_at }) => {
+                if let Some(mut sj) = current(shared, p, &id, pb)? {
+                    debug!(job_id = %id, partition = p, offset, run_at = %wire::format_time(run_at), "rescheduled");
+                    sj.job.run_at = run_at;
+                    pb.changelog
+                        .push(changelog::put_record(&cfg.topics.changelog, &sj));
+                    pb.overlay.insert(id, Some(sj.clone()));
+                    pb.changes.push(Change::Put(sj));
+                }
+            }
+            Err(e) => {
+                warn!(partition = p, offset, reason = %e, "schedule record dead-lettered");
+                let d = DeadLetter {
+                    reason: e.to_string(),
+                    origin_topic: m.topic().to_string(),
+                    origin_partition: p,
+                    origin_offset: offset,
+                };
+                dead.push(wire::dead_letter_record(&view, &d, &cfg.topics.dead_letter));
+            }
+        }
+    }
+    // 1. Changelog and dead letters, acknowledged by Kafka.
+    let mut sends: Vec<(Option<i32>, &OwnedRecord)> = Vec::new();
+    for (p, pb) in &parts {
+        sends.extend(pb.changelog.iter().map(|r| (Some(*p), r)));
+    }
+    sends.extend(dead.iter().map(|r| (None, r)));
+    let delivered = send_all_retrying(shared, &sends)?;
+    let mut changelog_next: HashMap<i32, i64> = HashMap::new();
+    for ((p, rec), d) in sends.iter().zip(&delivered) {
+        if let (Some(p), true) = (p, rec.topic == cfg.topics.changelog) {
+            let e = changelog_next.entry(*p).or_insert(0);
+            *e = (*e).max(d.offset + 1);
+        }
+    }
+    shared
+        .stats
+        .dead_lettered
+        .fetch_add(dead.len() as u64, Ordering::Relaxed);
+    // 2. The store, flushed to disk.
+    let mut applied = Vec::new();
+    for (p, pb) in &parts {
+        applied.extend(
+            shared
+                .store
+                .apply(*p, &pb.changes, changelog_next.get(p).copied())?,
+        );
+    }
+    shared.store.flush()?;
+    shared.wheel().follow(&applied);
+    shared.wake.notify_one();
+    // 3. Only now may the offsets be committed.
+    for (p, pb) in &parts {
+        if let Err(e) = consumer.store_offset(&cfg.topics.schedule, *p, pb.last_offset + 1) {
+            // The partition was revoked meanwhile: its next owner re-reads
+            // these records and applies them again (idempotent by job id).
+            debug!(partition = p, error = %e, "offset not stored");
+        }
+    }
+    shared
+        .stats
+        .ingested
+        .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Send records and wait for every acknowledgement, retrying the failed ones
+/// (the writes are idempotent by job id) until they succeed or the scheduler stops.
+fn send_all_retrying(
+    shared: &Shared,
+    records: &[(Option<i32>, &OwnedRecord)],
+) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+    let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
+        (0..records.len()).map(|_| None).collect();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let pending: Vec<usize> = (0..records.len()).filter(|i| out[*i].is_none()).collect();
+        if pending.is_empty() {
+            return Ok(out.into_iter().map(|d| d.expect("all delivered")).collect());
+        }
+        let results = futures::executor::block_on(futures::future::join_all(
+            pending
+                .iter()
+                .map(|i| kafka::send(&shared.producer, records[*i].1, records[*i].0)),
+        ));
+        let mut failed = 0;
+        for (i, r) in pending.into_iter().zip(results) {
+            match r {
+                Ok(d) => out[i] = Some(d),
+                Err(e) => {
+                    failed += 1;
+                    warn!(topic = %records[i].1.topic, error = %e, "write failed; retrying");
+                }
+            }
+        }
+        if failed > 0 {
+            if shared.stop.is_cancelled() {
+                return Err(SchedulerError::Fatal(
+                    "stopped with writes unacknowledged; their records will be re-read".into(),
+                ));
+            }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+async fn dispatch_loop(shared: Arc<Shared>) {
+    let max_sleep = Duration::from_secs(1);
+    loop {
+        if shared.stop.is_cancelled() {
+            return;
+        }
+        let now = shared.clock.now().timestamp_millis();
+        let (due, wake_at) = {
+            let mut w = shared.wheel();
+            if w.refill_due_ms().is_some_and(|t| t <= now) {
+                if let Err(e) = w.refill(&shared.store, now) {
+                    drop(w);
+                    shared.fail(e.to_string());
+                    return;
+                }
+            }
+            let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
+            if !due.is_empty() {
+                let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
+                firing.extend(due.iter().map(|(k, _)| k.partition));
+            }
+            let wake = [w.next_run_at_ms(), w.refill_due_ms()]
+                .into_iter()
+                .flatten()
+                .min();
+            (due, wake)
+        };
+        if !due.is_empty() {
+            let ok = fire(&shared, due).await;
+            shared.firing.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            shared.firing_done.notify_all();
+            if let Err(e) = ok {
+                shared.fail(e.to_string());
+                return;
+            }
+            continue;
+        }
+        // Sleep until the next job is due; a wake-up re-reads the clock, so
+        // the sleep is capped to notice a clock that jumps (tests' manual clocks).
+        let sleep = wake_at
+            .map(|t| Duration::from_millis(t.saturating_sub(now).max(0) as u64))
+            .unwrap_or(max_sleep)
+            .min(max_sleep);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = shared.wake.notified() => {}
+            _ = shared.stop.cancelled() => return,
+        }
+    }
+}
+
+fn is_unknown_topic(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+    )
+}
+
+/// Fire due jobs: write each to its work topic, then tombstone and delete
+/// the ones acknowledged. Jobs whose write failed go back into the window.
+async fn fire(shared: &Arc<Shared>, due: Vec<(DueKey, StoredJob)>) -> Result<(), StoreError> {
+    let cfg = &shared.cfg;
+    let records: Vec<OwnedRecord> = due
+        .iter()
+        .map(|(_, s)| wire::encode(&s.job, &s.job.topic))
+        .collect();
+    let results =
+        futures::future::join_all(records.iter().map(|r| kafka::send(&shared.producer, r, None))).await;
+    let now = Utc::now();
+    let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
+    let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
+    let mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)> = Vec::new();
+    let mut fired = 0u64;
+    for (item, r) in due.iter().zip(results) {
+        let (k, s) = item;
+        match r {
+            Ok(d) => {
+                fired += 1;
+                let late_ms = (now - s.job.run_at).num_milliseconds();
+                debug!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic,
+                    partition = d.partition, offset = d.offset, late_ms, "fired");
+                done.push(item);
+            }
+            Err(e) if is_unknown_topic(&e) => {
+                warn!(job_id = %s.job.id, topic = %s.job.topic, "work topic does not exist; dead-lettering");
+                let reason = format!("work topic `{}` does not exist", s.job.topic);
+                let d = DeadLetter {
+                    reason,
+                    origin_topic: cfg.topics.schedule.clone(),
+                    origin_partition: k.partition,
+                    origin_offset: k.seq as i64,
+                };
+                dead.push((item, wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter)));
+            }
+            Err(e) => {
+                warn!(job_id = %s.job.id, topic = %s.job.topic, error = %e, "fire failed; will retry");
+                retry.push(item.clone());
+            }
+        }
+    }
+    let dead_results =
+        futures::future::join_all(dead.iter().map(|(_, r)| kafka::send(&shared.producer, r, None))).await;
+    for ((item, _), r) in dead.iter().zip(dead_results) {
+        match r {
+            Ok(_) => {
+                shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                done.push(item);
+            }
+            Err(e) => {
+                warn!(job_id = %item.1.job.id, error = %e, "dead-letter write failed; will retry");
+                retry.push((*item).clone());
+            }
+        }
+    }
+    // Tombstones, then the store.
+    let tombs: Vec<(i32, OwnedRecord)> = done
+        .iter()
+        .map(|(k, s)| {
+            (
+                k.partition,
+                changelog::tombstone(&cfg.topics.changelog, &s.job.id),
+            )
+        })
+        .collect();
+    let tomb_results = futures::future::join_all(
+        tombs
+            .iter()
+            .map(|(p, r)| kafka::send(&shared.producer, r, Some(*p))),
+    )
+    .await;
+    let mut by_part: HashMap<i32, (Vec<Change>, i64)> = HashMap::new();
+    for ((k, s), r) in done.iter().zip(tomb_results) {
+        let e = by_part.entry(k.partition).or_insert((Vec::new(), 0));
+        match r {
+            Ok(d) => e.1 = e.1.max(d.offset + 1),
+            // The local delete still happens; a later owner rebuilding from
+            // the changelog may fire this job again (a documented duplicate).
+            Err(err) => warn!(job_id = %s.job.id, error = %err, "changelog tombstone failed"),
+        }
+        e.0.push(Change::Fired(s.job.id, *k));
+    }
+    let mut applied = Vec::new();
+    for (p, (changes, next)) in by_part {
+        applied.extend(shared.store.apply(p, &changes, (next > 0).then_some(next))?);
+    }
+    shared.store.flush_async().await?;
+    shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
+    let backoff = !retry.is_empty();
+    {
+        let mut w = shared.wheel();
+        w.follow(&applied);
+        w.put_back(retry);
+    }
+    if backoff {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! The in-memory part of the timer wheel: an ordered window over the near
+//! future, refilled from the store as time moves.
+//!
+//! Only jobs due within `span` of now, and at most `capacity` of them, are
+//! held in memory, ordered by (run-at, partition, arrival). For each owned
+//! partition a *horizon* records how far the window mirrors the store: every
+//! pending job of that partition at or before its horizon is in the window.
+//! New jobs at or before the horizon enter the window at once; later ones
+//! stay on disk until a refill reaches them. Memory is therefore bounded by
+//! `capacity`, whatever the number of pending jobs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::scheduler::store::{Applied, DueKey, Store, StoreError};
+use crate::scheduler::stored::StoredJob;
+
+/// How far a partition's window mirrors the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Horizon {
+    /// Last (run-at, seq) covered, inclusive.
+    run_at_ms: i64,
+    seq: u64,
+}
+
+impl Horizon {
+    fn covers(&self, k: &DueKey) -> bool {
+        (k.run_at_ms, k.seq) <= (self.run_at_ms, self.seq)
+    }
+
+    fn before(k: &DueKey) -> Horizon {
+        if k.seq > 0 {
+            Horizon {
+                run_at_ms: k.run_at_ms,
+                seq: k.seq - 1,
+            }
+        } else {
+            Horizon {
+                run_at_ms: k.run_at_ms.saturating_sub(1),
+                seq: u64::MAX,
+            }
+        }
+    }
+
+    fn as_key(&self, partition: i32) -> DueKey {
+        DueKey {
+            run_at_ms: self.run_at_ms,
+            partition,
+            seq: self.seq,
+        }
+    }
+}
+
+/// The window of near-future jobs.
+pub struct TimerWheel {
+    /// Jobs in memory, in firing order.
+    entries: BTreeMap<DueKey, StoredJob>,
+    /// Owned partitions and how far each is mirrored (`None`: nothing loaded yet).
+    horizons: HashMap<i32, Option<Horizon>>,
+    /// How far ahead of now the window reaches, in milliseconds.
+    span_ms: i64,
+    /// Most jobs held in memory.
+    capacity: usize,
+}
+
+impl TimerWheel {
+    /// An empty window reaching `span_ms` ahead, holding at most `capacity` jobs.
+    pub fn new(span_ms: i64, capacity: usize) -> Self {
+        TimerWheel {
+            entries: BTreeMap::new(),
+            horizons: HashMap::new(),
+            span_ms: span_ms.max(1),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Start tracking `partition` (its jobs load on the next refill).
+    pub fn add_partition(&mut self, partition: i32) {
+        self.horizons.insert(partition, None);
+    }
+
+    /// Stop tracking `partition` and drop its jobs from memory.
+    pub fn remove_partition(&mut self, partition: i32) {
+        self.horizons.remove(&partition);
+        self.entries.retain(|k, _| k.partition != partition);
+    }
+
+    /// Whether `partition` is tracked.
+    pub fn owns(&self, partition: i32) -> bool {
+        self.horizons.contains_key(&partition)
+    }
+
+    /// Partitions tracked.
+    pub fn partitions(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.horizons.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Jobs in memory.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no job is in memory.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Follow changes the store applied, keeping the window a faithful
+    /// mirror up to each horizon.
+    pub fn follow(&mut self, applied: &[Applied]) {
+        for a in applied {
+            match a {
+                Applied::Removed(k, _) => {
+                    self.entries.remove(k);
+                }
+                Applied::Added(k, job) => {
+                    let Some(Some(h)) = self.horizons.get(&k.partition) else {
+                        continue;
+                    };
+                    if h.covers(k) {
+                        self.entries.insert(*k, job.clone());
+                    }
+                }
+            }
+        }
+        self.shrink();
+    }
+
+    /// Over capacity: drop the latest jobs and pull their partitions'
+    /// horizons back before them, so they reload from disk later.
+    fn shrink(&mut self) {
+        while self.entries.len() > self.capacity {
+            let Some((k, _)) = self.entries.pop_last() else {
+                break;
+            };
+            if let Some(h) = self.horizons.get_mut(&k.partition) {
+                let back = Horizon::before(&k);
+                *h = Some(match *h {
+                    Some(cur) if (cur.run_at_ms, cur.seq) < (back.run_at_ms, back.seq) => cur,
+                    _ => back,
+                });
+            }
+        }
+    }
+
+    /// Load from the store whatever is due within the span of `now_ms` and
+    /// not yet in memory, within capacity.
+    pub fn refill(&mut self, store: &Store, now_ms: i64) -> Result<(), StoreError> {
+        let until = now_ms.saturating_add(self.span_ms);
+        let mut parts: Vec<i32> = self.horizons.keys().copied().collect();
+        parts.sort_unstable();
+        for p in parts {
+            let h = self.horizons[&p];
+            if matches!(h, Some(h) if h.run_at_ms >= until) {
+                continue;
+            }
+            let room = self.capacity.saturating_sub(self.entries.len());
+            if room == 0 {
+                break;
+            }
+            let got = store.scan_due(p, h.map(|h| h.as_key(p)), until, room)?;
+            let full = got.len() == room;
+            let last = got.last().map(|(k, _)| *k);
+            for (k, job) in got {
+                self.entries.insert(k, job);
+            }
+            let new_h = match (full, last) {
+                (true, Some(k)) => Horizon {
+                    run_at_ms: k.run_at_ms,
+                    seq: k.seq,
+                },
+                _ => Horizon {
+                    run_at_ms: until,
+                    seq: u64::MAX,
+                },
+            };
+            self.horizons.insert(p, Some(new_h));
+        }
+        Ok(())
+    }
+
+    /// When the window next needs a refill: when half its span has passed
+    /// since the earliest horizon was drawn (or now, if a partition has not
+    /// loaded yet or was cut short by capacity).
+    pub fn refill_due_ms(&self) -> Option<i64> {
+        self.horizons
+            .values()
+            .map(|h| match h {
+                None => i64::MIN,
+                Some(h) => h.run_at_ms.saturating_sub(self.span_ms / 2),
+            })
+            .min()
+    }
+
+    /// Run-at of the earliest job in memory.
+    pub fn next_run_at_ms(&self) -> Option<i64> {
+        self.entries.keys().next().map(|k| k.run_at_ms)
+    }
+
+    /// Take up to `max` jobs due at `now_ms` (run-at ≤ now), earliest first.
+    pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            match self.entries.first_key_value() {
+                Some((k, _)) if k.run_at_ms <= now_ms => {
+                    let (k, v) = self.entries.pop_first().expect("first exists");
+                    out.push((k, v));
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Put back jobs that could not be fired (their partition still owned).
+    pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>) {
+        for (k, j) in jobs {
+            if self.owns(k.partition) {
+                self.entries.insert(k, j);
+            }
+        }
+        self.shrink();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Job;
+    use crate::scheduler::store::Change;
+    use chrono::{TimeZone, Utc};
+
+    fn put(key: &str, ms: i64, seq: u64) -> Change {
+        let job = Job::new("jobs", key, b"p".to_vec()).at(Utc.timestamp_millis_opt(ms).unwrap());
+        Change::Put(StoredJob { job, seq })
+    }
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path(), 1 << 20).unwrap();
+        (d, s)
+    }
+
+    #[test]
+    fn holds_only_the_span_and_refills_as_time_moves() {
+        let (_d, s) = store();
+        let changes: Vec<Change> = (0..100).map(|i| put("k", i * 1000, i as u64)).collect();
+        s.apply(0, &changes, None).unwrap();
+        let mut w = TimerWheel::new(10_000, 1000);
+        w.add_partition(0);
+        w.refill(&s, 0).unwrap();
+        assert_eq!(w.len(), 11, "run-at 0..=10s");
+        assert_eq!(w.take_due(5_000, 100).len(), 6);
+        assert_eq!(w.refill_due_ms(), Some(5_000));
+        w.refill(&s, 50_000).unwrap();
+        assert_eq!(w.next_run_at_ms(), Some(6_000));
+        assert_eq!(w.len(), 55, "6s..=60s");
+    }
+
+    #[test]
+    fn capacity_bounds_memory_and_nothing_is_skipped() {
+        let (_d, s) = store();
+        let changes: Vec<Change> = (0..50).map(|i| put("k", 1000, i)).collect();
+        s.apply(0, &changes, None).unwrap();
+        let mut w = TimerWheel::new(60_000, 8);
+        w.add_partition(0);
+        let mut fired = Vec::new();
+        for _ in 0..20 {
+            w.refill(&s, 1000).unwrap();
+            assert!(w.len() <= 8);
+            let batch = w.take_due(1000, 3);
+            for (k, _) in &batch {
+                s.apply(0, &[Change::Delete(batch_id(&s, k, &batch))], None)
+                    .unwrap();
+            }
+            fired.extend(batch.into_iter().map(|(k, _)| k.seq));
+        }
+        assert_eq!(
+            fired,
+            (0..50).collect::<Vec<u64>>(),
+            "every job once, in arrival order"
+        );
+    }
+
+    fn batch_id(_s: &Store, k: &DueKey, batch: &[(DueKey, StoredJob)]) -> crate::JobId {
+        batch.iter().find(|(kk, _)| kk == k).unwrap().1.job.id
+    }
+
+    #[test]
+    fn new_jobs_inside_the_horizon_enter_at_once_later_ones_wait() {
+        let (_d, s) = store();
+        let mut w = TimerWheel::new(10_000, 100);
+        w.add_partition(0);
+        w.refill(&s, 0).unwrap();
+        let applied = s
+            .apply(0, &[put("soon", 5_000, 1), put("late", 60_000, 2)], None)
+            .unwrap();
+        w.follow(&applied);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w.next_run_at_ms(), Some(5_000));
+        w.take_due(5_000, 10);
+        w.refill(&s, 55_000).unwrap();
+        assert_eq!(w.next_run_at_ms(), Some(60_000));
+    }
+
+    #[test]
+    fn removing_a_partition_drops_its_jobs() {
+        let (_d, s) = store();
+        s.apply(0, &[put("a", 0, 1)], None).unwrap();
+        s.apply(1, &[put("b", 0, 1)], None).unwrap();
+        let mut w = TimerWheel::new(10_000, 100);
+        w.add_partition(0);
+        w.add_partition(1);
+        w.refill(&s, 0).unwrap();
+        assert_eq!(w.len(), 2);
+        w.remove_partition(0);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w.partitions(), vec![1]);
+        let applied = s.apply(0, &[put("c", 0, 2)], None).unwrap();
+        w.follow(&applied);
+        assert_eq!(w.len(), 1, "jobs of partitions not owned stay out");
+    }
+}

@@ -1,0 +1,361 @@
+//! The scheduler against a real broker: jobs fire no earlier than their
+//! run-at and in order; cancel and reschedule work; malformed records are
+//! dead-lettered; a scheduler process killed with SIGKILL while ingesting
+//! and firing loses no job; a partition moving between two instances loses
+//! nothing.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use common::{header, read_n, read_up_to, record_count, wait_for, Broker};
+use kairos::scheduler::Scheduler;
+use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
+use kairos::{Config, Job, JobId, Producer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::Message as _;
+
+const T: Duration = Duration::from_secs(30);
+
+fn job_of(m: &OwnedMessage) -> Job {
+    match wire::decode(&RecordView::from_message(m), Context::Work, &Limits::default()) {
+        Ok(Cmd::Schedule(j)) => j,
+        other => panic!("fired record does not decode: {other:?}"),
+    }
+}
+
+/// Config for a scheduler under test: its own store and group, quick
+/// failure detection (a killed member's partitions move within seconds).
+fn scheduler_config(broker: &Broker, dir: &std::path::Path) -> Config {
+    let mut cfg = broker.config();
+    cfg.scheduler.data_dir = dir.to_path_buf();
+    cfg.scheduler.group_id = common::unique("sched");
+    cfg.kafka
+        .consumer
+        .insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka
+        .consumer
+        .insert("heartbeat.interval.ms".into(), "500".into());
+    cfg
+}
+
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
+    handle: kairos::scheduler::service::SchedulerHandle,
+}
+
+fn start(cfg: &Config) -> Running {
+    let s = Scheduler::new(cfg, kairos::clock::system()).expect("scheduler");
+    let handle = s.handle();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(s.run(async {
+        let _ = rx.await;
+    }));
+    Running {
+        stop: Some(tx),
+        task,
+        handle,
+    }
+}
+
+impl Running {
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().expect("scheduler ran cleanly");
+    }
+}
+
+fn wait_owned(r: &Running, n: usize) {
+    wait_for("scheduler to own its partitions", T, || {
+        (r.handle.status().owned.len() == n).then_some(())
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = scheduler_config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let running = start(&cfg);
+    wait_owned(&running, 3);
+    let producer = Producer::new(&cfg).unwrap();
+    let base = Utc::now() + chrono::Duration::milliseconds(1500);
+    // Written in reverse run-at order, two keys: the scheduler must reorder.
+    let mut expected: HashMap<JobId, chrono::DateTime<Utc>> = HashMap::new();
+    for i in (0..20).rev() {
+        let key = if i % 2 == 0 { "even" } else { "odd" };
+        let at = base + chrono::Duration::milliseconds(50 * i);
+        let id = producer
+            .enqueue(Job::new(&work, key, format!("{i}").into_bytes()))
+            .at(at)
+            .await
+            .unwrap();
+        expected.insert(id, at);
+    }
+    let fired = read_n(&cfg.kafka.brokers, &work, 20, T);
+    let mut last_per_key: HashMap<Vec<u8>, i64> = HashMap::new();
+    for m in &fired {
+        let job = job_of(m);
+        let run_at = expected[&job.id];
+        assert_eq!(job.run_at, kairos::job::truncate_to_millis(run_at));
+        let written = m.timestamp().to_millis().unwrap();
+        assert!(
+            written >= run_at.timestamp_millis(),
+            "job {} fired {} ms early",
+            job.id,
+            run_at.timestamp_millis() - written
+        );
+        let prev = last_per_key.insert(job.key.clone(), job.run_at.timestamp_millis());
+        assert!(
+            prev.is_none_or(|p| p <= job.run_at.timestamp_millis()),
+            "out of run-at order"
+        );
+    }
+    assert_eq!(record_count(&cfg.kafka.brokers, &work), 20);
+    wait_for("pending to drain", T, || {
+        (running.handle.status().pending == 0).then_some(())
+    });
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_reschedule_take_effect() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = scheduler_config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let running = start(&cfg);
+    wait_owned(&running, 3);
+    let producer = Producer::new(&cfg).unwrap();
+    let at = Utc::now() + chrono::Duration::seconds(2);
+    // One key, so one partition and a defined firing order.
+    let doomed = producer
+        .enqueue(Job::new(&work, "k", b"cancelled".to_vec()))
+        .at(at)
+        .await
+        .unwrap();
+    let moved = producer
+        .enqueue(Job::new(&work, "k", b"moved".to_vec()))
+        .at(at)
+        .await
+        .unwrap();
+    let sentinel = producer
+        .enqueue(Job::new(&work, "k", b"sentinel".to_vec()))
+        .at(at + chrono::Duration::milliseconds(200))
+        .await
+        .unwrap();
+    producer.cancel(doomed).await.unwrap();
+    let far = Utc.with_ymd_and_hms(9999, 12, 31, 0, 0, 0).unwrap();
+    producer.reschedule(moved, far).await.unwrap();
+    // Cancelling something unknown is harmless.
+    producer.cancel(JobId::new()).await.unwrap();
+    let fired = read_n(&cfg.kafka.brokers, &work, 1, T);
+    assert_eq!(job_of(&fired[0]).id, sentinel, "only the sentinel fires");
+    // Had the cancel or the reschedule not taken effect, those jobs (due
+    // before the sentinel, same partition) would sit before it.
+    assert_eq!(record_count(&cfg.kafka.brokers, &work), 1);
+    let st = running.handle.status();
+    assert_eq!(st.pending, 1, "the rescheduled job waits for year 9999");
+    assert_eq!(st.cancelled, 1);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_records_are_dead_lettered_and_past_due_jobs_fire_at_once() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = scheduler_config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let running = start(&cfg);
+    wait_owned(&running, 3);
+    let plain: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    let send = |key: Option<&'static str>, headers: Vec<(&'static str, String)>| {
+        let mut hs = rdkafka::message::OwnedHeaders::new();
+        for (k, v) in &headers {
+            hs = hs.insert(rdkafka::message::Header {
+                key: k,
+                value: Some(v),
+            });
+        }
+        let topic = cfg.topics.schedule.clone();
+        let plain = plain.clone();
+        async move {
+            let mut rec = FutureRecord::<str, str>::to(&topic)
+                .payload("p")
+                .headers(hs)
+                .partition(0);
+            if let Some(k) = key {
+                rec = rec.key(k);
+            }
+            plain.send(rec, Duration::from_secs(10)).await.unwrap();
+        }
+    };
+    send(
+        Some("k"),
+        vec![("kairos-topic", work.clone()), ("kairos-run-at", "soon".into())],
+    )
+    .await;
+    send(None, vec![("kairos-topic", work.clone())]).await;
+    send(Some("k"), vec![("kairos-run-at", "0".into())]).await;
+    // A valid job long past due (1970), after the bad ones on the same partition.
+    send(
+        Some("k"),
+        vec![("kairos-topic", work.clone()), ("kairos-run-at", "1000".into())],
+    )
+    .await;
+    let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 3, T);
+    let reasons: Vec<String> = dead
+        .iter()
+        .map(|m| String::from_utf8(header(m, "kairos-dead-reason").unwrap().to_vec()).unwrap())
+        .collect();
+    assert!(reasons[0].contains("kairos-run-at"), "{reasons:?}");
+    assert!(reasons[1].contains("no key"), "{reasons:?}");
+    assert!(reasons[2].contains("kairos-topic"), "{reasons:?}");
+    for m in &dead {
+        assert_eq!(header(m, "kairos-origin-partition"), Some(&b"0"[..]));
+    }
+    let fired = read_n(&cfg.kafka.brokers, &work, 1, T);
+    assert_eq!(job_of(&fired[0]).run_at.timestamp_millis(), 1000);
+    running.stop().await;
+}
+
+/// A `kairos scheduler` process with its configuration in the environment.
+fn spawn_scheduler(cfg: &Config) -> Child {
+    let toml = toml::to_string(cfg).unwrap();
+    let path = cfg.scheduler.data_dir.with_extension("toml");
+    std::fs::write(&path, toml).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["--config", path.to_str().unwrap(), "scheduler"])
+        .env("KAIROS_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn kairos scheduler")
+}
+
+fn kill9(child: &mut Child) {
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+/// Every scheduled id fired at least once and never early; returns duplicates.
+fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
+    let work = &cfg.topics.work[0];
+    let mut seen: HashSet<JobId> = HashSet::new();
+    let mut dups = 0;
+    let all = wait_for("every job to fire", Duration::from_secs(90), || {
+        let n = record_count(&cfg.kafka.brokers, work) as usize;
+        let recs = read_up_to(&cfg.kafka.brokers, work, n, T);
+        let ids: HashSet<JobId> = recs.iter().map(|m| job_of(m).id).collect();
+        expected.keys().all(|id| ids.contains(id)).then_some(recs)
+    });
+    for m in &all {
+        let j = job_of(m);
+        let run_at = expected[&j.id];
+        assert!(
+            m.timestamp().to_millis().unwrap() >= run_at,
+            "job {} fired early",
+            j.id
+        );
+        if !seen.insert(j.id) {
+            dups += 1;
+        }
+    }
+    dups
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_with_sigkill_loses_no_job() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = scheduler_config(&broker, &dir.path().join("a"));
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let mut child = spawn_scheduler(&cfg);
+    let mut expected: HashMap<JobId, i64> = HashMap::new();
+    let start = Utc::now();
+    // 3 rounds: write jobs due over the next seconds, kill -9 the scheduler
+    // while it ingests and fires, restart it on the same store.
+    for round in 0..3 {
+        for i in 0..300 {
+            let at = start + chrono::Duration::milliseconds(round * 700 + i * 5);
+            let job = Job::new(
+                &work,
+                format!("key-{}", i % 37),
+                format!("{round}-{i}").into_bytes(),
+            );
+            let id = producer.enqueue(job).at(at).await.unwrap();
+            expected.insert(id, at.timestamp_millis());
+        }
+        // Let it get some way in: wait until something fired, then kill.
+        let before = record_count(&cfg.kafka.brokers, &work);
+        wait_for("some jobs to fire", T, || {
+            (record_count(&cfg.kafka.brokers, &work) > before).then_some(())
+        });
+        kill9(&mut child);
+        child = spawn_scheduler(&cfg);
+    }
+    let dups = check_fired(&cfg, &expected);
+    eprintln!(
+        "fired {} jobs, {} duplicates after 3 kill -9",
+        expected.len(),
+        dups
+    );
+    kill9(&mut child);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_moving_between_two_instances_loses_nothing() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_a = scheduler_config(&broker, &dir.path().join("a"));
+    kairos::topics::init(&cfg_a).await.unwrap();
+    let mut cfg_b = cfg_a.clone();
+    cfg_b.scheduler.data_dir = dir.path().join("b");
+    let work = cfg_a.topics.work[0].clone();
+    let producer = Producer::new(&cfg_a).unwrap();
+    let a = start(&cfg_a);
+    wait_owned(&a, 3);
+    let mut expected: HashMap<JobId, i64> = HashMap::new();
+    let at = Utc::now() + chrono::Duration::seconds(4);
+    for i in 0..500 {
+        let id = producer
+            .enqueue(Job::new(&work, format!("key-{i}"), b"x".to_vec()))
+            .at(at)
+            .await
+            .unwrap();
+        expected.insert(id, at.timestamp_millis());
+    }
+    wait_for("A to hold every job", T, || {
+        (a.handle.status().pending == 500).then_some(())
+    });
+    // B joins: some partitions move to B, which rebuilds them from the changelog.
+    let b = start(&cfg_b);
+    wait_for("partitions to split between A and B", T, || {
+        let (sa, sb) = (a.handle.status(), b.handle.status());
+        (sa.owned.len() + sb.owned.len() == 3 && !sb.owned.is_empty()).then_some(())
+    });
+    let (sa, sb) = (a.handle.status(), b.handle.status());
+    assert_eq!(sa.pending + sb.pending, 500, "A {sa:?} B {sb:?}");
+    // A leaves: everything ends on B.
+    a.stop().await;
+    wait_owned(&b, 3);
+    assert_eq!(b.handle.status().pending, 500);
+    let dups = check_fired(&cfg_a, &expected);
+    assert_eq!(dups, 0, "no fire was in flight while partitions moved");
+    b.stop().await;
+}
