@@ -18,6 +18,7 @@
 //! - [`topics`]: `kairos topics init`.
 //! - [`scheduler`]: the scheduler service: sled store, timer wheel,
 //!   changelog, ingest and dispatch.
+//! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod demo;
 pub mod dev_broker;
 pub mod job;
 pub mod kafka;

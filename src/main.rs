@@ -34,6 +34,16 @@ enum Command {
         #[command(subcommand)]
         command: TopicsCommand,
     },
+    /// See Kairos work: a broker, the scheduler and sample jobs firing on time.
+    /// Without --brokers an in-process development broker serves.
+    Demo {
+        /// Jobs to write.
+        #[arg(long, default_value_t = 300)]
+        jobs: usize,
+        /// Distinct entity keys.
+        #[arg(long, default_value_t = 30)]
+        keys: usize,
+    },
     /// Run the scheduler service: hold future jobs on disk, fire them on time.
     Scheduler,
     /// Write a job: due now, at a time, or after a delay.
@@ -112,13 +122,20 @@ fn parse_time(text: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The demo prints its own story; its components' logs only on request.
+    let default_level = if matches!(cli.command, Command::Demo { .. }) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("KAIROS_LOG")
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let cfg = load(&cli)?;
     match cli.command {
         Command::Topics {
@@ -155,6 +172,14 @@ async fn main() -> anyhow::Result<()> {
             }
             let id = write.await.context("enqueue")?;
             println!("{id}");
+        }
+        Command::Demo { jobs, keys } => {
+            let opts = kairos::demo::DemoOptions {
+                jobs,
+                keys,
+                ..Default::default()
+            };
+            kairos::demo::run(cfg, opts, cli.brokers.clone()).await?;
         }
         Command::Scheduler => {
             let scheduler = kairos::scheduler::Scheduler::new(&cfg, kairos::clock::system())?;

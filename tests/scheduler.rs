@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::future::IntoFuture;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -231,8 +232,28 @@ async fn malformed_records_are_dead_lettered_and_past_due_jobs_fire_at_once() {
     running.stop().await;
 }
 
-/// A `kairos scheduler` process with its configuration in the environment.
-fn spawn_scheduler(cfg: &Config) -> Child {
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves no orphan.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Write all jobs concurrently; returns their ids and run-ats.
+async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, i64> {
+    let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
+    let ids = futures::future::join_all(writes).await;
+    jobs.iter()
+        .zip(ids)
+        .map(|(j, r)| (r.expect("enqueue"), j.run_at.timestamp_millis()))
+        .collect()
+}
+
+/// A `kairos scheduler` process with its configuration in a file beside its store.
+fn spawn_scheduler(cfg: &Config) -> ChildGuard {
     let toml = toml::to_string(cfg).unwrap();
     let path = cfg.scheduler.data_dir.with_extension("toml");
     std::fs::write(&path, toml).unwrap();
@@ -243,12 +264,8 @@ fn spawn_scheduler(cfg: &Config) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
+        .map(ChildGuard)
         .expect("spawn kairos scheduler")
-}
-
-fn kill9(child: &mut Child) {
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
 }
 
 /// Every scheduled id fired at least once and never early; returns duplicates.
@@ -287,26 +304,28 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
     let producer = Producer::new(&cfg).unwrap();
     let mut child = spawn_scheduler(&cfg);
     let mut expected: HashMap<JobId, i64> = HashMap::new();
-    let start = Utc::now();
-    // 3 rounds: write jobs due over the next seconds, kill -9 the scheduler
-    // while it ingests and fires, restart it on the same store.
+    // 3 rounds: write 600 jobs due over the next 3 seconds, kill -9 the
+    // scheduler once it has fired some (it is ingesting and firing), restart
+    // it on the same store.
     for round in 0..3 {
-        for i in 0..300 {
-            let at = start + chrono::Duration::milliseconds(round * 700 + i * 5);
-            let job = Job::new(
-                &work,
-                format!("key-{}", i % 37),
-                format!("{round}-{i}").into_bytes(),
-            );
-            let id = producer.enqueue(job).at(at).await.unwrap();
-            expected.insert(id, at.timestamp_millis());
-        }
-        // Let it get some way in: wait until something fired, then kill.
         let before = record_count(&cfg.kafka.brokers, &work);
+        let start = Utc::now() + chrono::Duration::milliseconds(500);
+        let jobs = (0..600)
+            .map(|i| {
+                let at = start + chrono::Duration::milliseconds(i * 5);
+                Job::new(
+                    &work,
+                    format!("key-{}", i % 37),
+                    format!("{round}-{i}").into_bytes(),
+                )
+                .at(at)
+            })
+            .collect();
+        expected.extend(enqueue_all(&producer, jobs).await);
         wait_for("some jobs to fire", T, || {
             (record_count(&cfg.kafka.brokers, &work) > before).then_some(())
         });
-        kill9(&mut child);
+        drop(child); // SIGKILL
         child = spawn_scheduler(&cfg);
     }
     let dups = check_fired(&cfg, &expected);
@@ -315,7 +334,7 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
         expected.len(),
         dups
     );
-    kill9(&mut child);
+    drop(child);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,16 +349,12 @@ async fn a_partition_moving_between_two_instances_loses_nothing() {
     let producer = Producer::new(&cfg_a).unwrap();
     let a = start(&cfg_a);
     wait_owned(&a, 3);
-    let mut expected: HashMap<JobId, i64> = HashMap::new();
-    let at = Utc::now() + chrono::Duration::seconds(4);
-    for i in 0..500 {
-        let id = producer
-            .enqueue(Job::new(&work, format!("key-{i}"), b"x".to_vec()))
-            .at(at)
-            .await
-            .unwrap();
-        expected.insert(id, at.timestamp_millis());
-    }
+    // Due after the partitions have moved twice (a few seconds each).
+    let at = Utc::now() + chrono::Duration::seconds(15);
+    let jobs = (0..500)
+        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(at))
+        .collect();
+    let expected = enqueue_all(&producer, jobs).await;
     wait_for("A to hold every job", T, || {
         (a.handle.status().pending == 500).then_some(())
     });
