@@ -34,6 +34,58 @@ pub struct Config {
     pub limits: Limits,
     /// The scheduler service.
     pub scheduler: SchedulerConfig,
+    /// Workers.
+    pub worker: WorkerConfig,
+}
+
+/// Settings of workers (the [`crate::worker`] library and `kairos worker`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Consumer group of the workers; they share the work topics' partitions.
+    pub group_id: String,
+    /// Work topics to consume.
+    #[serde(deserialize_with = "string_or_list")]
+    pub topics: Vec<String>,
+    /// Most jobs running at once (of different keys: one per key at a time).
+    pub concurrency: usize,
+    /// Most jobs read ahead and buffered; past it the partitions are paused
+    /// until half of the buffer has drained.
+    pub max_buffered: usize,
+    /// Attempts before a failing job is dead-lettered (a job's
+    /// `kairos-max-attempts` overrides it).
+    pub max_attempts: u32,
+    /// Retry delay after the first failure; doubles per attempt, with jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// How long a revoked partition's running handlers get to finish (they
+    /// are told through their cancellation token) before it is released.
+    #[serde(with = "humantime_serde")]
+    pub revocation_deadline: Duration,
+    /// A job read up to this much before its run-at waits in the worker;
+    /// further ahead, it goes back to the scheduler (clocks differ a little
+    /// between machines).
+    #[serde(with = "humantime_serde")]
+    pub early_tolerance: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            group_id: "kairos-worker".into(),
+            topics: vec!["kairos.jobs".into()],
+            concurrency: 64,
+            max_buffered: 1024,
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(600),
+            revocation_deadline: Duration::from_secs(30),
+            early_tolerance: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Settings of the scheduler service (`kairos scheduler`).
@@ -389,6 +441,16 @@ impl Config {
             ("scheduler.window_capacity", s.window_capacity),
             ("scheduler.fire_batch", s.fire_batch),
             ("scheduler.ingest_batch", s.ingest_batch),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        let w = &self.worker;
+        for (key, n) in [
+            ("worker.concurrency", w.concurrency),
+            ("worker.max_buffered", w.max_buffered),
+            ("worker.max_attempts", w.max_attempts as usize),
         ] {
             if n == 0 {
                 return Err(invalid(key, "must be at least 1"));

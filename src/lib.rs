@@ -18,6 +18,8 @@
 //! - [`topics`]: `kairos topics init`.
 //! - [`scheduler`]: the scheduler service: sled store, timer wheel,
 //!   changelog, ingest and dispatch.
+//! - [`worker`]: the worker library: lock table, offset tracker, retries,
+//!   dead letters, follow-ups, rebalances.
 //! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
@@ -34,6 +36,7 @@ pub mod producer;
 pub mod scheduler;
 pub mod topics;
 pub mod wire;
+pub mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError};

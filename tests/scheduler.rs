@@ -123,6 +123,11 @@ async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
         (running.handle.status().pending == 0).then_some(())
     });
     running.stop().await;
+    // Everything ingested is committed, and not one record further.
+    assert_eq!(
+        common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
+        record_count(&cfg.kafka.brokers, &cfg.topics.schedule)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -521,7 +521,8 @@ fn ingest_batch(
     shared.wake.notify_one();
     // 3. Only now may the offsets be committed.
     for (p, pb) in &parts {
-        if let Err(e) = consumer.store_offset(&cfg.topics.schedule, *p, pb.last_offset + 1) {
+        // librdkafka commits one past the stored offset.
+        if let Err(e) = consumer.store_offset(&cfg.topics.schedule, *p, pb.last_offset) {
             // The partition was revoked meanwhile: its next owner re-reads
             // these records and applies them again (idempotent by job id).
             debug!(partition = p, error = %e, "offset not stored");

@@ -296,3 +296,28 @@ pub fn header<'a>(m: &'a OwnedMessage, name: &str) -> Option<&'a [u8]> {
     let h = m.headers()?;
     h.iter().find(|h| h.key == name).and_then(|h| h.value)
 }
+
+/// Sum over partitions of the offsets `group` has committed on `topic`
+/// (partitions with no commit count as 0).
+pub fn committed(brokers: &str, group: &str, topic: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .expect("client");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition(topic, p.id());
+    }
+    let c = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed");
+    c.elements()
+        .iter()
+        .filter_map(|e| e.offset().to_raw())
+        .filter(|o| *o >= 0)
+        .sum()
+}

@@ -1,0 +1,385 @@
+//! The worker against a real broker: same-key jobs never overlap and keep
+//! their order while other keys run in parallel; retries back off and end in
+//! the dead-letter topic; follow-ups run at their run-at; a panicking handler
+//! and malformed records do not stop the worker; a job read before its run-at
+//! goes back to the scheduler.
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::IntoFuture;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use common::{header, read_n, wait_for, Broker};
+use kairos::scheduler::Scheduler;
+use kairos::worker::{Outcome, Worker, WorkerHandle};
+use kairos::{Config, Job, Producer};
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(30);
+
+fn config(broker: &Broker, dir: &std::path::Path) -> Config {
+    let mut cfg = broker.config();
+    cfg.scheduler.data_dir = dir.join("scheduler");
+    cfg.scheduler.group_id = common::unique("sched");
+    cfg.worker.group_id = common::unique("workers");
+    cfg.worker.topics = cfg.topics.work.clone();
+    cfg.worker.backoff_base = Duration::from_millis(300);
+    cfg.kafka
+        .consumer
+        .insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka
+        .consumer
+        .insert("heartbeat.interval.ms".into(), "500".into());
+    cfg
+}
+
+/// A running worker (and optionally a scheduler), stopped on `stop()`.
+struct System {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    worker: WorkerHandle,
+}
+
+impl System {
+    async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+}
+
+fn run<H: kairos::worker::Handler>(cfg: &Config, with_scheduler: bool, handler: H) -> System {
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    if with_scheduler {
+        let s = Scheduler::new(cfg, kairos::clock::system()).unwrap();
+        let st = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            s.run(async move { st.cancelled().await })
+                .await
+                .expect("scheduler");
+        }));
+    }
+    let w = Worker::builder(cfg).build(handler).unwrap();
+    let worker = w.handle();
+    let st = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        w.run_until(async move { st.cancelled().await })
+            .await
+            .expect("worker");
+    }));
+    System { stop, tasks, worker }
+}
+
+async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) {
+    let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
+    for r in futures::future::join_all(writes).await {
+        r.unwrap();
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Run {
+    key: String,
+    seq: u32,
+    start: Instant,
+    end: Instant,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_jobs_never_overlap_and_keep_order_while_keys_run_in_parallel() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.worker.concurrency = 16;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    // 10 keys x 20 jobs; the payload is the job's position within its key.
+    let mut jobs = Vec::new();
+    for seq in 0..20u32 {
+        for k in 0..10 {
+            jobs.push(Job::new(&work, format!("key-{k}"), seq.to_string().into_bytes()));
+        }
+    }
+    // Written one key-round at a time so that per-key order is defined.
+    for chunk in jobs.chunks(10) {
+        enqueue_all(&producer, chunk.to_vec()).await;
+    }
+    let runs: Arc<Mutex<Vec<Run>>> = Default::default();
+    let r = runs.clone();
+    let sys = run(&cfg, false, move |job: Job, _ctx| {
+        let runs = r.clone();
+        async move {
+            let start = Instant::now();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let seq: u32 = String::from_utf8(job.payload).unwrap().parse().unwrap();
+            runs.lock().unwrap().push(Run {
+                key: String::from_utf8(job.key).unwrap(),
+                seq,
+                start,
+                end: Instant::now(),
+            });
+            Outcome::done()
+        }
+    });
+    wait_for("200 jobs to run", T, || {
+        (runs.lock().unwrap().len() >= 200).then_some(())
+    });
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 200);
+    let mut by_key: HashMap<String, Vec<Run>> = HashMap::new();
+    for r in &runs {
+        by_key.entry(r.key.clone()).or_default().push(r.clone());
+    }
+    for (key, mut rs) in by_key {
+        rs.sort_by_key(|r| r.start);
+        let seqs: Vec<u32> = rs.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, (0..20).collect::<Vec<_>>(), "key {key} ran out of order");
+        for w in rs.windows(2) {
+            assert!(
+                w[1].start >= w[0].end,
+                "key {key}: jobs {} and {} overlapped",
+                w[0].seq,
+                w[1].seq
+            );
+        }
+    }
+    // Other keys did run in parallel: some pair of runs of different keys overlapped.
+    let overlapping = runs.iter().any(|a| {
+        runs.iter()
+            .any(|b| a.key != b.key && a.start < b.end && b.start < a.end)
+    });
+    assert!(overlapping, "no two keys ever ran at the same time");
+    wait_for("offsets to settle", T, || {
+        (sys.worker.stats().open == 0).then_some(())
+    });
+    sys.stop().await;
+    assert_eq!(
+        common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_back_off_through_the_scheduler_and_end_in_the_dead_letter_topic() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let attempts: Arc<Mutex<Vec<(u32, Instant, Option<String>)>>> = Default::default();
+    let a = attempts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let a = a.clone();
+        async move {
+            a.lock()
+                .unwrap()
+                .push((job.attempt, Instant::now(), job.last_error.clone()));
+            Outcome::retry(format!("boom on attempt {}", job.attempt))
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let id = producer
+        .enqueue(Job::new(&work, "k", b"fails".to_vec()).max_attempts(3))
+        .await
+        .unwrap();
+    let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 1, T);
+    let reason = String::from_utf8(header(&dead[0], "kairos-dead-reason").unwrap().to_vec()).unwrap();
+    assert_eq!(reason, "gave up after 3 attempts: boom on attempt 3");
+    assert_eq!(header(&dead[0], "kairos-id"), Some(id.to_string().as_bytes()));
+    assert_eq!(header(&dead[0], "kairos-attempt"), Some(&b"3"[..]));
+    assert_eq!(header(&dead[0], "kairos-origin-topic"), Some(work.as_bytes()));
+    let a = attempts.lock().unwrap().clone();
+    assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(a[1].2.as_deref(), Some("boom on attempt 1"));
+    // Backoff with jitter: attempt n waits between half and all of 300ms * 2^(n-1).
+    assert!(
+        a[1].1 - a[0].1 >= Duration::from_millis(150),
+        "{:?}",
+        a[1].1 - a[0].1
+    );
+    assert!(
+        a[2].1 - a[1].1 >= Duration::from_millis(300),
+        "{:?}",
+        a[2].1 - a[1].1
+    );
+    sys.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ups_run_at_their_run_at() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let seen: Arc<Mutex<Vec<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)>>> = Default::default();
+    let s = seen.clone();
+    let w = work.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        let w = w.clone();
+        async move {
+            let payload = String::from_utf8(job.payload.clone()).unwrap();
+            s.lock().unwrap().push((payload.clone(), job.run_at, Utc::now()));
+            if payload == "first" {
+                let next = Job::new(&w, job.key.clone(), b"follow-up".to_vec())
+                    .at(Utc::now() + chrono::Duration::milliseconds(1500));
+                Outcome::done_with(vec![next])
+            } else {
+                Outcome::done()
+            }
+        }
+    });
+    Producer::new(&cfg)
+        .unwrap()
+        .enqueue(Job::new(&work, "k", b"first".to_vec()))
+        .await
+        .unwrap();
+    wait_for("the follow-up to run", T, || {
+        (seen.lock().unwrap().len() == 2).then_some(())
+    });
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[1].0, "follow-up");
+    assert!(
+        seen[1].2 >= seen[1].1,
+        "follow-up ran {} early",
+        seen[1].1 - seen[1].2
+    );
+    assert!(seen[1].1 - seen[0].2 >= chrono::Duration::milliseconds(1400));
+    sys.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_and_malformed_records_do_not_stop_the_worker() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let done: Arc<Mutex<Vec<String>>> = Default::default();
+    let d = done.clone();
+    let sys = run(&cfg, false, move |job: Job, _ctx| {
+        let d = d.clone();
+        async move {
+            let p = String::from_utf8(job.payload).unwrap();
+            if p == "panic" {
+                panic!("handler bug");
+            }
+            d.lock().unwrap().push(p);
+            Outcome::done()
+        }
+    });
+    let plain: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    // All on partition 0, in this order: a panic (one attempt allowed),
+    // a record with a garbage run-at, a keyless record, then a good job.
+    let mut hs = rdkafka::message::OwnedHeaders::new();
+    hs = hs.insert(rdkafka::message::Header {
+        key: "kairos-max-attempts",
+        value: Some("1"),
+    });
+    let sends = [
+        FutureRecord::<str, str>::to(&work)
+            .key("k1")
+            .payload("panic")
+            .headers(hs),
+        FutureRecord::<str, str>::to(&work)
+            .key("k2")
+            .payload("x")
+            .headers(
+                rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                    key: "kairos-run-at",
+                    value: Some("yesterday-ish"),
+                }),
+            ),
+        FutureRecord::<str, str>::to(&work).payload("no key"),
+        FutureRecord::<str, str>::to(&work).key("k3").payload("good"),
+    ];
+    for rec in sends {
+        plain
+            .send(rec.partition(0), Duration::from_secs(10))
+            .await
+            .unwrap();
+    }
+    let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 3, T);
+    let mut reasons: Vec<String> = dead
+        .iter()
+        .map(|m| String::from_utf8(header(m, "kairos-dead-reason").unwrap().to_vec()).unwrap())
+        .collect();
+    reasons.sort();
+    assert!(
+        reasons[0].starts_with("gave up after 1 attempts: handler panicked: handler bug"),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].contains("kairos-run-at"), "{reasons:?}");
+    assert!(reasons[2].contains("no key"), "{reasons:?}");
+    wait_for("the good job", T, || {
+        (done.lock().unwrap().as_slice() == ["good"]).then_some(())
+    });
+    let st = sys.worker.stats();
+    assert_eq!(st.panicked, 1);
+    wait_for("offsets to settle", T, || {
+        (sys.worker.stats().open == 0).then_some(())
+    });
+    sys.stop().await;
+    assert_eq!(
+        common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
+        4
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let ran: Arc<Mutex<Vec<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)>>> = Default::default();
+    let r = ran.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let r = r.clone();
+        async move {
+            r.lock().unwrap().push((job.run_at, Utc::now()));
+            Outcome::done()
+        }
+    });
+    // A foreign producer writes a future job straight to the work topic.
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    let plain: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    let ms = at.timestamp_millis().to_string();
+    let hs = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+        key: "kairos-run-at",
+        value: Some(&ms),
+    });
+    plain
+        .send(
+            FutureRecord::<str, str>::to(&work)
+                .key("k")
+                .payload("later")
+                .headers(hs),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    wait_for("the job to run", T, || {
+        (ran.lock().unwrap().len() == 1).then_some(())
+    });
+    let (run_at, started) = ran.lock().unwrap()[0];
+    assert!(started >= run_at, "ran {} early", run_at - started);
+    assert_eq!(sys.worker.stats().handed_to_scheduler, 1);
+    sys.stop().await;
+}
