@@ -1,24 +1,24 @@
 //! `kairos demo`: the whole system on one machine, visible on the terminal.
 //!
-//! Starts a development broker (unless one is given), the scheduler, writes
-//! sample jobs for a few dozen keys (some due now, most delayed by a few
-//! seconds), and prints each job as it arrives on its work topic with how
-//! late it fired, then a summary: jobs seen, early fires (must be zero),
-//! lateness percentiles, per-key order.
+//! Starts a development broker (unless one is given), the scheduler and a
+//! worker running the [example handler](crate::example), writes sample jobs
+//! for a few dozen keys (some due now, most delayed by a few seconds, some
+//! failing once and retried, a few failing for good), and prints what
+//! happens, then a summary that checks the guarantees: nothing lost, nothing
+//! early, no two jobs of a key at once, each key's jobs in order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use chrono::Utc;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::Message;
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::dev_broker::DevBroker;
 use crate::scheduler::Scheduler;
-use crate::wire::{self, Context, RecordView};
+use crate::worker::{Outcome, Worker};
 use crate::{Job, JobId, Producer};
 
 /// Options of the demo.
@@ -47,212 +47,257 @@ impl Default for DemoOptions {
 pub struct DemoSummary {
     /// Jobs written.
     pub written: usize,
-    /// Distinct jobs seen on the work topic.
-    pub seen: usize,
-    /// Jobs that arrived before their run-at (must be 0).
+    /// Jobs that finished done.
+    pub done: usize,
+    /// Jobs dead-lettered.
+    pub dead: usize,
+    /// Handler runs that failed and were retried.
+    pub retries: usize,
+    /// Runs that started before their run-at (must be 0).
     pub early: usize,
-    /// Jobs of a key seen out of run-at order.
+    /// Runs of a key that started while another of the key ran (must be 0).
+    pub overlaps: usize,
+    /// First attempts of a key that started out of run-at order (must be 0).
     pub out_of_order: usize,
-    /// Lateness percentiles (p50, p99, max) in milliseconds, over delayed jobs.
+    /// Start lateness (start minus run-at) of delayed first attempts: p50, p99, max, in ms.
     pub lateness_ms: (i64, i64, i64),
 }
 
 /// Why the demo failed.
 #[derive(Debug, thiserror::Error)]
-pub enum DemoError {
-    /// Something the demo drives failed.
-    #[error("{0}")]
-    Failed(String),
-}
+#[error("{0}")]
+pub struct DemoError(String);
 
 fn failed(e: impl std::fmt::Display) -> DemoError {
-    DemoError::Failed(e.to_string())
+    DemoError(e.to_string())
+}
+
+/// One handler run, as the worker reports it to the demo.
+struct RunEvent {
+    job: Job,
+    started: DateTime<Utc>,
+    ended: DateTime<Utc>,
+    outcome: Outcome,
 }
 
 /// Run the demo. With `brokers = None` an in-process development broker serves.
-pub async fn run(
-    mut cfg: Config,
-    opts: DemoOptions,
-    brokers: Option<String>,
-) -> Result<DemoSummary, DemoError> {
-    let data = tempdir()?;
+pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) -> Result<DemoSummary, DemoError> {
+    let data = std::env::temp_dir().join(format!("kairos-demo-{}", std::process::id()));
     cfg.scheduler.data_dir = data.join("scheduler");
-    cfg.scheduler.group_id = format!("kairos-demo-{}", std::process::id());
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
+    cfg.scheduler.group_id = format!("kairos-demo-scheduler-{}", std::process::id());
+    cfg.worker.group_id = format!("kairos-demo-worker-{}", std::process::id());
+    cfg.worker.max_attempts = 3;
+    cfg.worker.backoff_base = Duration::from_millis(500);
+    cfg.worker.concurrency = 32;
+    cfg.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
     let _dev = match brokers {
         Some(b) => {
             cfg.kafka.brokers = b;
-            println!("broker: {} (topics init)", cfg.kafka.brokers);
+            println!("broker     {} (real cluster; topics init)", cfg.kafka.brokers);
             crate::topics::init(&cfg).await.map_err(failed)?;
             None
         }
         None => {
             let dev = DevBroker::start(&cfg).map_err(failed)?;
             cfg.kafka.brokers = dev.bootstrap_servers().to_string();
+            // The mock cluster answers a fetch only when its wait expires,
+            // not when data arrives as Kafka does: keep the wait short.
+            cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "5".into());
             println!(
-                "broker: development broker (librdkafka mock cluster, in memory) at {}\n        \
-                 pass --brokers HOST:PORT to use a real Kafka cluster",
+                "broker     development broker at {} (librdkafka's in-process mock cluster, in memory;\n           \
+                 run with --brokers HOST:PORT to use a real Kafka cluster)",
                 cfg.kafka.brokers
             );
             Some(dev)
         }
     };
-    let work = cfg
-        .topics
-        .work
-        .first()
-        .cloned()
-        .ok_or_else(|| failed("no work topic configured"))?;
+    let work = cfg.topics.work.first().cloned().ok_or_else(|| failed("no work topic configured"))?;
+    cfg.worker.topics = vec![work.clone()];
 
-    let scheduler = Scheduler::new(&cfg, crate::clock::system()).map_err(failed)?;
-    let handle = scheduler.handle();
     let stop = CancellationToken::new();
-    let sched_stop = stop.clone();
-    let sched = tokio::spawn(scheduler.run(async move { sched_stop.cancelled().await }));
-    println!(
-        "scheduler: started, store in {}",
-        cfg.scheduler.data_dir.display()
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while handle.status().owned.len() < cfg.topics.schedule_partitions as usize {
-        if std::time::Instant::now() > deadline {
-            return Err(failed("the scheduler did not get its partitions within 60 s"));
+    let scheduler = Scheduler::new(&cfg, crate::clock::system()).map_err(failed)?;
+    let sched = scheduler.handle();
+    let st = stop.clone();
+    let sched_task = tokio::spawn(scheduler.run(async move { st.cancelled().await }));
+    println!("scheduler  started; pending jobs kept in {}", cfg.scheduler.data_dir.display());
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<RunEvent>();
+    let worker = Worker::builder(&cfg)
+        .build(move |job: Job, ctx| {
+            let tx = tx.clone();
+            async move {
+                let started = Utc::now();
+                let outcome = crate::example::handle(job.clone(), ctx, None).await;
+                let _ = tx.send(RunEvent {
+                    job,
+                    started,
+                    ended: Utc::now(),
+                    outcome: outcome.clone(),
+                });
+                outcome
+            }
+        })
+        .map_err(failed)?;
+    let wh = worker.handle();
+    let st = stop.clone();
+    let worker_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
+    println!("worker     started; concurrency {}, up to 3 attempts per job", cfg.worker.concurrency);
+
+    let ready = std::time::Instant::now() + Duration::from_secs(60);
+    while sched.status().owned.len() < cfg.topics.schedule_partitions as usize || wh.stats().owned == 0 {
+        if std::time::Instant::now() > ready {
+            return Err(failed("scheduler and worker did not get their partitions within 60 s"));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("scheduler: owns partitions {:?}", handle.status().owned);
 
-    // The observer reads the work topic from the start.
-    let observer: BaseConsumer = crate::kafka::base_config(&cfg.kafka, "kairos-demo-observer")
-        .set("group.id", format!("kairos-demo-observer-{}", std::process::id()))
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(failed)?;
-    observer.subscribe(&[&work]).map_err(failed)?;
-
+    // Sample jobs: every 5th due now, the rest delayed; some fail once, a few always.
     let producer = Producer::new(&cfg).map_err(failed)?;
     let start = Utc::now();
-    // Delayed jobs start 2 s out, so that all are still in the future when written.
-    let now = start + chrono::Duration::seconds(2);
+    let delayed_from = start + chrono::Duration::seconds(2);
     let mut jobs = Vec::new();
-    let mut delayed = 0;
+    let (mut flaky, mut doomed) = (0, 0);
     for i in 0..opts.jobs {
         let key = format!("user-{:03}", i % opts.keys.max(1));
         let at = if i % 5 == 0 {
             Utc::now()
         } else {
-            delayed += 1;
             let ms = (i as u64 * 7919) % (opts.max_delay.as_millis() as u64).max(1);
-            now + chrono::Duration::milliseconds(ms as i64)
+            delayed_from + chrono::Duration::milliseconds(ms as i64)
         };
-        let job = Job::new(&work, key, format!("job #{i}").into_bytes())
-            .tenant(format!("tenant-{}", i % 3))
-            .at(at);
-        jobs.push(job);
+        let mut payload = format!("job#{i} work=20");
+        if i % 50 == 7 {
+            payload.push_str(" fail=99");
+            doomed += 1;
+        } else if i % 10 == 3 {
+            payload.push_str(" fail=1");
+            flaky += 1;
+        }
+        jobs.push(
+            Job::new(&work, key, payload.into_bytes())
+                .tenant(format!("tenant-{}", i % 3))
+                .at(at),
+        );
     }
     let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
-    let mut written: HashMap<JobId, chrono::DateTime<Utc>> = HashMap::new();
-    for (job, r) in jobs.iter().zip(futures::future::join_all(writes).await) {
+    for r in futures::future::join_all(writes).await {
         r.map_err(failed)?;
-        written.insert(job.id, job.run_at);
     }
+    let written: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     println!(
-        "producer: wrote {} jobs for {} keys ({} due now, {} delayed up to {:?})\n",
-        opts.jobs,
+        "producer   wrote {} jobs for {} keys: {} due now, {} delayed up to {:?}; {} fail once, {} always fail\n",
+        jobs.len(),
         opts.keys,
-        opts.jobs - delayed,
-        delayed,
-        opts.max_delay
+        jobs.len().div_ceil(5),
+        jobs.len() - jobs.len().div_ceil(5),
+        opts.max_delay,
+        flaky,
+        doomed
     );
-    println!(
-        "{:<12} {:<10} {:<38} {:>8} {:>9}",
-        "arrived", "key", "job id", "delay", "late"
-    );
+    println!("{:<13} {:<9} {:<9} {:>7} {:>9}  outcome", "started", "key", "job", "attempt", "late");
 
-    let mut summary = DemoSummary {
-        written: opts.jobs,
+    let mut s = DemoSummary {
+        written: jobs.len(),
         ..Default::default()
     };
+    let mut finished: HashSet<JobId> = HashSet::new();
+    let mut runs: HashMap<Vec<u8>, Vec<(DateTime<Utc>, DateTime<Utc>)>> = HashMap::new();
+    let mut last_first_attempt: HashMap<Vec<u8>, DateTime<Utc>> = HashMap::new();
     let mut late: Vec<i64> = Vec::new();
-    let mut last_per_key: HashMap<Vec<u8>, chrono::DateTime<Utc>> = HashMap::new();
-    let mut seen: std::collections::HashSet<JobId> = Default::default();
-    let limits = cfg.limits;
-    let deadline = std::time::Instant::now() + opts.max_delay + Duration::from_secs(60);
-    while seen.len() < written.len() && std::time::Instant::now() < deadline {
-        let msg = match tokio::task::block_in_place(|| observer.poll(Duration::from_millis(100))) {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return Err(failed(e)),
-            None => continue,
+    let mut shown = 0;
+    let deadline = tokio::time::Instant::now() + opts.max_delay + Duration::from_secs(60);
+    while finished.len() < written.len() {
+        let ev = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(ev)) => ev,
+            _ => break,
         };
-        let arrived = Utc::now();
-        let Ok(wire::Command::Schedule(job)) =
-            wire::decode(&RecordView::from_message(&msg), Context::Work, &limits)
-        else {
-            continue;
-        };
-        let Some(run_at) = written.get(&job.id).copied() else {
-            continue;
-        };
-        if !seen.insert(job.id) {
-            continue;
-        }
-        let written_ms = msg.timestamp().to_millis().unwrap_or(arrived.timestamp_millis());
-        let late_ms = written_ms - run_at.timestamp_millis();
+        let job = &ev.job;
+        let Some(original) = written.get(&job.id) else { continue };
+        let late_ms = (ev.started - job.run_at).num_milliseconds();
         if late_ms < 0 {
-            summary.early += 1;
+            s.early += 1;
         }
-        let delay = (run_at - start).num_milliseconds();
-        if run_at >= now {
-            late.push(late_ms);
-        }
-        if let Some(prev) = last_per_key.insert(job.key.clone(), run_at) {
-            if prev > run_at {
-                summary.out_of_order += 1;
+        runs.entry(job.key.clone()).or_default().push((ev.started, ev.ended));
+        if job.attempt == 1 {
+            if original.run_at >= delayed_from {
+                late.push(late_ms);
+            }
+            if let Some(prev) = last_first_attempt.insert(job.key.clone(), job.run_at) {
+                if prev > job.run_at {
+                    s.out_of_order += 1;
+                }
             }
         }
-        if seen.len() <= 15 || seen.len() % 25 == 0 || seen.len() == written.len() {
+        let what = match &ev.outcome {
+            Outcome::Done { .. } => {
+                s.done += 1;
+                finished.insert(job.id);
+                "done".to_string()
+            }
+            Outcome::Retry { .. } if job.attempt >= cfg.worker.max_attempts => {
+                s.dead += 1;
+                finished.insert(job.id);
+                format!("failed; dead-lettered after {} attempts", job.attempt)
+            }
+            Outcome::Retry { .. } => {
+                s.retries += 1;
+                "failed; retry scheduled with backoff".to_string()
+            }
+            Outcome::Dead { .. } => {
+                s.dead += 1;
+                finished.insert(job.id);
+                "dead-lettered".to_string()
+            }
+        };
+        let interesting = job.attempt > 1 || !matches!(ev.outcome, Outcome::Done { .. });
+        if shown < 12 || interesting || finished.len() % 50 == 0 {
+            shown += 1;
+            let label = String::from_utf8_lossy(&job.payload);
+            let label = label.split_whitespace().next().unwrap_or("");
             println!(
-                "{:<12} {:<10} {:<38} {:>7}ms {:>7}ms",
-                arrived.format("%H:%M:%S%.3f"),
+                "{:<13} {:<9} {:<9} {:>7} {:>7}ms  {}",
+                ev.started.format("%H:%M:%S%.3f"),
                 job.key_lossy(),
-                job.id.to_string(),
-                delay,
-                late_ms
+                label,
+                job.attempt,
+                late_ms,
+                what
             );
         }
     }
-    summary.seen = seen.len();
-    late.sort_unstable();
-    let pct = |q: f64| {
-        late.get(((late.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
-    summary.lateness_ms = (pct(0.5), pct(0.99), late.last().copied().unwrap_or(0));
+    for intervals in runs.values_mut() {
+        intervals.sort();
+        s.overlaps += intervals.windows(2).filter(|w| w[1].0 < w[0].1).count();
+    }
+    let ws = wh.stats();
     stop.cancel();
-    sched.await.map_err(failed)?.map_err(failed)?;
+    worker_task.await.map_err(failed)?.map_err(failed)?;
+    sched_task.await.map_err(failed)?.map_err(failed)?;
     let _ = std::fs::remove_dir_all(&data);
+    late.sort_unstable();
+    let pct = |q: f64| late.get(((late.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+    s.lateness_ms = (pct(0.5), pct(0.99), late.last().copied().unwrap_or(0));
     println!(
-        "\nsummary: {}/{} jobs arrived, {} early, {} out of per-key order; \
-         lateness of delayed jobs p50 {} ms, p99 {} ms, max {} ms",
-        summary.seen,
-        summary.written,
-        summary.early,
-        summary.out_of_order,
-        summary.lateness_ms.0,
-        summary.lateness_ms.1,
-        summary.lateness_ms.2
+        "\nsummary    {} jobs written: {} done, {} dead-lettered, {} retries\n           \
+         {} lost, {} ran early, {} keys out of order, {} same-key overlaps (the worker's lock table)\n           \
+         delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
+         worker: {} runs started, {} partitions owned at the end",
+        s.written,
+        s.done,
+        s.dead,
+        s.retries,
+        s.written - finished.len(),
+        s.early,
+        s.out_of_order,
+        s.overlaps,
+        s.lateness_ms.0,
+        s.lateness_ms.1,
+        s.lateness_ms.2,
+        ws.started,
+        ws.owned
     );
-    if summary.seen != summary.written || summary.early > 0 || summary.out_of_order > 0 {
+    if finished.len() != s.written || s.early > 0 || s.out_of_order > 0 || s.overlaps > 0 {
         return Err(failed("the demo saw lost, early or out-of-order jobs"));
     }
-    Ok(summary)
-}
-
-fn tempdir() -> Result<std::path::PathBuf, DemoError> {
-    let dir = std::env::temp_dir().join(format!("kairos-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(failed)?;
-    Ok(dir)
+    Ok(s)
 }

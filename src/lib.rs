@@ -20,6 +20,7 @@
 //!   changelog, ingest and dispatch.
 //! - [`worker`]: the worker library: lock table, offset tracker, retries,
 //!   dead letters, follow-ups, rebalances.
+//! - [`example`]: the example handler behind `kairos worker` and the demo.
 //! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
@@ -30,6 +31,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod dev_broker;
+pub mod example;
 pub mod job;
 pub mod kafka;
 pub mod producer;

@@ -46,6 +46,13 @@ enum Command {
     },
     /// Run the scheduler service: hold future jobs on disk, fire them on time.
     Scheduler,
+    /// Run a worker with the example handler (it follows each payload's
+    /// instructions: `work=MS`, `fail=N`, `dead`).
+    Worker {
+        /// Append start/end events of every run to this file.
+        #[arg(long, env = "KAIROS_EXAMPLE_EVENTS")]
+        events: Option<PathBuf>,
+    },
     /// Write a job: due now, at a time, or after a delay.
     Enqueue {
         /// Work topic the job runs from.
@@ -125,7 +132,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The demo prints its own story; its components' logs only on request.
     let default_level = if matches!(cli.command, Command::Demo { .. }) {
-        "warn"
+        "error"
     } else {
         "info"
     };
@@ -184,6 +191,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Scheduler => {
             let scheduler = kairos::scheduler::Scheduler::new(&cfg, kairos::clock::system())?;
             scheduler.run(terminated()).await?;
+        }
+        Command::Worker { events } => {
+            let log = events.as_ref().map(kairos::example::EventLog::open).transpose()?;
+            let worker = kairos::worker::Worker::builder(&cfg).build(move |job, ctx| {
+                kairos::example::handle(job, ctx, log.clone())
+            })?;
+            worker.run_until(terminated()).await?;
         }
         Command::Cancel { id } => {
             Producer::new(&cfg)?.cancel(id).await.context("cancel")?;
