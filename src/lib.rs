@@ -40,6 +40,11 @@ pub mod topics;
 pub mod wire;
 pub mod worker;
 
+/// The README's Rust examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError};
 pub use job::{Job, JobId};

@@ -162,11 +162,29 @@ async fn cancel_and_reschedule_take_effect() {
     producer.reschedule(moved, far).await.unwrap();
     // Cancelling something unknown is harmless.
     producer.cancel(JobId::new()).await.unwrap();
-    let fired = read_n(&cfg.kafka.brokers, &work, 1, T);
-    assert_eq!(job_of(&fired[0]).id, sentinel, "only the sentinel fires");
-    // Had the cancel or the reschedule not taken effect, those jobs (due
-    // before the sentinel, same partition) would sit before it.
-    assert_eq!(record_count(&cfg.kafka.brokers, &work), 1);
+    // The same id sent twice (an idempotent re-send with new content): the
+    // second replaces the first, which would have fired first.
+    let dup = Job::new(&work, "k", b"first version".to_vec());
+    producer.enqueue(dup.clone()).at(at).await.unwrap();
+    let replaced = Job {
+        payload: b"second version".to_vec(),
+        ..dup.clone()
+    };
+    producer
+        .enqueue(replaced)
+        .at(at + chrono::Duration::milliseconds(100))
+        .await
+        .unwrap();
+    let fired = read_n(&cfg.kafka.brokers, &work, 2, T);
+    let first = job_of(&fired[0]);
+    assert_eq!(
+        (first.id, first.payload.as_slice()),
+        (dup.id, &b"second version"[..])
+    );
+    assert_eq!(job_of(&fired[1]).id, sentinel, "then only the sentinel fires");
+    // Had the cancel, the reschedule or the replacement not taken effect,
+    // those jobs (due before the sentinel, same partition) would sit before it.
+    assert_eq!(record_count(&cfg.kafka.brokers, &work), 2);
     let st = running.handle.status();
     assert_eq!(st.pending, 1, "the rescheduled job waits for year 9999");
     assert_eq!(st.cancelled, 1);
