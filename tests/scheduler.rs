@@ -397,3 +397,40 @@ async fn a_partition_moving_between_two_instances_loses_nothing() {
     assert_eq!(dups, 0, "no fire was in flight while partitions moved");
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_changelog() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = scheduler_config(&broker, &dir.path().join("a"));
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let first = start(&cfg);
+    wait_owned(&first, 3);
+    let at = Utc::now() + chrono::Duration::days(1);
+    let jobs = (0..200)
+        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(at))
+        .collect();
+    enqueue_all(&producer, jobs).await;
+    wait_for("all pending", T, || {
+        (first.handle.status().pending == 200).then_some(())
+    });
+    first.stop().await;
+
+    // Same store: the checkpoint is at the changelog's end, nothing to replay.
+    let again = start(&cfg);
+    wait_owned(&again, 3);
+    let st = again.handle.status();
+    assert_eq!((st.pending, st.replayed), (200, 0), "{st:?}");
+    again.stop().await;
+
+    // A new instance with an empty store rebuilds every job from the changelog.
+    let mut fresh_cfg = cfg.clone();
+    fresh_cfg.scheduler.data_dir = dir.path().join("b");
+    let fresh = start(&fresh_cfg);
+    wait_owned(&fresh, 3);
+    let st = fresh.handle.status();
+    assert_eq!((st.pending, st.replayed), (200, 200), "{st:?}");
+    fresh.stop().await;
+}

@@ -68,6 +68,7 @@ struct Stats {
     fired: AtomicU64,
     cancelled: AtomicU64,
     dead_lettered: AtomicU64,
+    replayed: AtomicU64,
 }
 
 /// A snapshot of what the scheduler is doing.
@@ -87,6 +88,9 @@ pub struct Status {
     pub cancelled: u64,
     /// Records dead-lettered since start.
     pub dead_lettered: u64,
+    /// Changelog records read to rebuild partitions since start (a restart
+    /// on its own store reads only what changed while it was away).
+    pub replayed: u64,
 }
 
 /// State shared by ingest, dispatch and the rebalance callbacks.
@@ -256,6 +260,7 @@ fn status(shared: &Shared) -> Status {
         fired: shared.stats.fired.load(Ordering::Relaxed),
         cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
         dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
+        replayed: shared.stats.replayed.load(Ordering::Relaxed),
     }
 }
 
@@ -312,6 +317,7 @@ impl ConsumerContext for Ctx {
                         timeout,
                     ) {
                         Ok(read) => {
+                            self.shared.stats.replayed.fetch_add(read, Ordering::Relaxed);
                             let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
                             info!(partition = p, changelog_records = read, pending, elapsed = ?started.elapsed(),
                                 "schedule partition assigned");
