@@ -81,7 +81,11 @@ struct RunEvent {
 }
 
 /// Run the demo. With `brokers = None` an in-process development broker serves.
-pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) -> Result<DemoSummary, DemoError> {
+pub async fn run(
+    mut cfg: Config,
+    opts: DemoOptions,
+    brokers: Option<String>,
+) -> Result<DemoSummary, DemoError> {
     let data = std::env::temp_dir().join(format!("kairos-demo-{}", std::process::id()));
     cfg.scheduler.data_dir = data.join("scheduler");
     cfg.scheduler.group_id = format!("kairos-demo-scheduler-{}", std::process::id());
@@ -89,7 +93,9 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
     cfg.worker.max_attempts = 3;
     cfg.worker.backoff_base = Duration::from_millis(500);
     cfg.worker.concurrency = 32;
-    cfg.kafka.consumer.insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka
+        .consumer
+        .insert("session.timeout.ms".into(), "6000".into());
     let _dev = match brokers {
         Some(b) => {
             cfg.kafka.brokers = b;
@@ -111,7 +117,12 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
             Some(dev)
         }
     };
-    let work = cfg.topics.work.first().cloned().ok_or_else(|| failed("no work topic configured"))?;
+    let work = cfg
+        .topics
+        .work
+        .first()
+        .cloned()
+        .ok_or_else(|| failed("no work topic configured"))?;
     cfg.worker.topics = vec![work.clone()];
 
     let stop = CancellationToken::new();
@@ -119,7 +130,10 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
     let sched = scheduler.handle();
     let st = stop.clone();
     let sched_task = tokio::spawn(scheduler.run(async move { st.cancelled().await }));
-    println!("scheduler  started; pending jobs kept in {}", cfg.scheduler.data_dir.display());
+    println!(
+        "scheduler  started; pending jobs kept in {}",
+        cfg.scheduler.data_dir.display()
+    );
 
     let (tx, mut rx) = mpsc::unbounded_channel::<RunEvent>();
     let worker = Worker::builder(&cfg)
@@ -141,12 +155,17 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
     let wh = worker.handle();
     let st = stop.clone();
     let worker_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
-    println!("worker     started; concurrency {}, up to 3 attempts per job", cfg.worker.concurrency);
+    println!(
+        "worker     started; concurrency {}, up to 3 attempts per job",
+        cfg.worker.concurrency
+    );
 
     let ready = std::time::Instant::now() + Duration::from_secs(60);
     while sched.status().owned.len() < cfg.topics.schedule_partitions as usize || wh.stats().owned == 0 {
         if std::time::Instant::now() > ready {
-            return Err(failed("scheduler and worker did not get their partitions within 60 s"));
+            return Err(failed(
+                "scheduler and worker did not get their partitions within 60 s",
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -194,7 +213,10 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
         flaky,
         doomed
     );
-    println!("{:<13} {:<9} {:<9} {:>7} {:>9}  outcome", "started", "key", "job", "attempt", "late");
+    println!(
+        "{:<13} {:<9} {:<9} {:>7} {:>9}  outcome",
+        "started", "key", "job", "attempt", "late"
+    );
 
     let mut s = DemoSummary {
         written: jobs.len(),
@@ -212,12 +234,16 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
             _ => break,
         };
         let job = &ev.job;
-        let Some(original) = written.get(&job.id) else { continue };
+        let Some(original) = written.get(&job.id) else {
+            continue;
+        };
         let late_ms = (ev.started - job.run_at).num_milliseconds();
         if late_ms < 0 {
             s.early += 1;
         }
-        runs.entry(job.key.clone()).or_default().push((ev.started, ev.ended));
+        runs.entry(job.key.clone())
+            .or_default()
+            .push((ev.started, ev.ended));
         if job.attempt == 1 {
             if original.run_at >= delayed_from {
                 late.push(late_ms);
@@ -275,7 +301,11 @@ pub async fn run(mut cfg: Config, opts: DemoOptions, brokers: Option<String>) ->
     sched_task.await.map_err(failed)?.map_err(failed)?;
     let _ = std::fs::remove_dir_all(&data);
     late.sort_unstable();
-    let pct = |q: f64| late.get(((late.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
+    let pct = |q: f64| {
+        late.get(((late.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
     s.lateness_ms = (pct(0.5), pct(0.99), late.last().copied().unwrap_or(0));
     println!(
         "\nsummary    {} jobs written: {} done, {} dead-lettered, {} retries\n           \

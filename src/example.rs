@@ -95,7 +95,10 @@ pub async fn handle(job: Job, ctx: JobContext, log: Option<EventLog>) -> Outcome
     let outcome = if ins.dead {
         Outcome::dead("the payload asked to be dead")
     } else if job.attempt <= ins.fail {
-        Outcome::retry(format!("failing as asked (attempt {} of {} failures)", job.attempt, ins.fail))
+        Outcome::retry(format!(
+            "failing as asked (attempt {} of {} failures)",
+            job.attempt, ins.fail
+        ))
     } else {
         Outcome::done()
     };

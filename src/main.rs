@@ -194,9 +194,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Worker { events } => {
             let log = events.as_ref().map(kairos::example::EventLog::open).transpose()?;
-            let worker = kairos::worker::Worker::builder(&cfg).build(move |job, ctx| {
-                kairos::example::handle(job, ctx, log.clone())
-            })?;
+            let worker = kairos::worker::Worker::builder(&cfg)
+                .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
         }
         Command::Cancel { id } => {
