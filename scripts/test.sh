@@ -23,6 +23,10 @@ apt_install() { # install Debian packages, as root or through sudo
 step "tools"
 command -v docker-compose >/dev/null || apt_install docker-compose
 command -v docker-compose
+# The foreign-client tests use Python's confluent-kafka (its wheel carries librdkafka).
+python3 -c "import confluent_kafka" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check 'confluent-kafka==2.16.*'
+python3 -c "import confluent_kafka; print('confluent-kafka', confluent_kafka.version())"
 
 step "format"
 cargo fmt --all -- --check

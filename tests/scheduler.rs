@@ -7,11 +7,11 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::future::IntoFuture;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
+use common::system::enqueue_all;
 use common::{header, read_n, read_up_to, record_count, wait_for, Broker};
 use kairos::scheduler::Scheduler;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
@@ -263,16 +263,6 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Write all jobs concurrently; returns their ids and run-ats.
-async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, i64> {
-    let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
-    let ids = futures::future::join_all(writes).await;
-    jobs.iter()
-        .zip(ids)
-        .map(|(j, r)| (r.expect("enqueue"), j.run_at.timestamp_millis()))
-        .collect()
 }
 
 /// A `kairos scheduler` process with its configuration in a file beside its store.

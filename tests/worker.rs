@@ -7,80 +7,16 @@
 mod common;
 
 use std::collections::HashMap;
-use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use common::system::{config, enqueue_all, run};
 use common::{header, read_n, wait_for, Broker};
-use kairos::scheduler::Scheduler;
-use kairos::worker::{Outcome, Worker, WorkerHandle};
-use kairos::{Config, Job, Producer};
-use tokio_util::sync::CancellationToken;
+use kairos::worker::Outcome;
+use kairos::{Job, Producer};
 
 const T: Duration = Duration::from_secs(30);
-
-fn config(broker: &Broker, dir: &std::path::Path) -> Config {
-    let mut cfg = broker.config();
-    cfg.scheduler.data_dir = dir.join("scheduler");
-    cfg.scheduler.group_id = common::unique("sched");
-    cfg.worker.group_id = common::unique("workers");
-    cfg.worker.topics = cfg.topics.work.clone();
-    cfg.worker.backoff_base = Duration::from_millis(300);
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
-    cfg.kafka
-        .consumer
-        .insert("heartbeat.interval.ms".into(), "500".into());
-    cfg
-}
-
-/// A running worker (and optionally a scheduler), stopped on `stop()`.
-struct System {
-    stop: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    worker: WorkerHandle,
-}
-
-impl System {
-    async fn stop(self) {
-        self.stop.cancel();
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-    }
-}
-
-fn run<H: kairos::worker::Handler>(cfg: &Config, with_scheduler: bool, handler: H) -> System {
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::new();
-    if with_scheduler {
-        let s = Scheduler::new(cfg, kairos::clock::system()).unwrap();
-        let st = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            s.run(async move { st.cancelled().await })
-                .await
-                .expect("scheduler");
-        }));
-    }
-    let w = Worker::builder(cfg).build(handler).unwrap();
-    let worker = w.handle();
-    let st = stop.clone();
-    tasks.push(tokio::spawn(async move {
-        w.run_until(async move { st.cancelled().await })
-            .await
-            .expect("worker");
-    }));
-    System { stop, tasks, worker }
-}
-
-async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) {
-    let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
-    for r in futures::future::join_all(writes).await {
-        r.unwrap();
-    }
-}
 
 #[derive(Clone, Debug)]
 struct Run {

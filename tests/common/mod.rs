@@ -3,6 +3,8 @@
 //! and reading topics back.
 #![allow(dead_code)]
 
+pub mod system;
+
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -1,0 +1,81 @@
+//! Running Kairos in-process for a test: a worker, optionally with a
+//! scheduler, on one configuration, stopped on demand.
+
+use std::collections::HashMap;
+use std::future::IntoFuture;
+use std::time::Duration;
+
+use kairos::scheduler::Scheduler;
+use kairos::worker::{Handler, Worker, WorkerHandle};
+use kairos::{Config, Job, JobId, Producer};
+use tokio_util::sync::CancellationToken;
+
+use super::{unique, Broker};
+
+/// A configuration for a scheduler and workers under test: their own store,
+/// groups and topics, short retry backoff, and quick failure detection (a
+/// killed member's partitions move within seconds).
+pub fn config(broker: &Broker, dir: &std::path::Path) -> Config {
+    let mut cfg = broker.config();
+    cfg.scheduler.data_dir = dir.join("scheduler");
+    cfg.scheduler.group_id = unique("sched");
+    cfg.worker.group_id = unique("workers");
+    cfg.worker.topics = cfg.topics.work.clone();
+    cfg.worker.backoff_base = Duration::from_millis(300);
+    let consumer = &mut cfg.kafka.consumer;
+    consumer.insert("session.timeout.ms".into(), "6000".into());
+    consumer.insert("heartbeat.interval.ms".into(), "500".into());
+    cfg
+}
+
+/// A running worker (and optionally a scheduler), stopped on `stop()`.
+pub struct System {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The worker's counters.
+    pub worker: WorkerHandle,
+}
+
+impl System {
+    /// Stop everything and check that each part ended cleanly.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+}
+
+/// Start a worker with `handler` (and a scheduler if asked) on `cfg`.
+pub fn run<H: Handler>(cfg: &Config, with_scheduler: bool, handler: H) -> System {
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    if with_scheduler {
+        let s = Scheduler::new(cfg, kairos::clock::system()).unwrap();
+        let st = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            s.run(async move { st.cancelled().await })
+                .await
+                .expect("scheduler");
+        }));
+    }
+    let w = Worker::builder(cfg).build(handler).unwrap();
+    let worker = w.handle();
+    let st = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        w.run_until(async move { st.cancelled().await })
+            .await
+            .expect("worker");
+    }));
+    System { stop, tasks, worker }
+}
+
+/// Write all jobs concurrently; returns each id with its run-at in epoch ms.
+pub async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, i64> {
+    let writes = jobs.iter().map(|j| producer.enqueue(j.clone()).into_future());
+    let ids = futures::future::join_all(writes).await;
+    jobs.iter()
+        .zip(ids)
+        .map(|(j, r)| (r.expect("enqueue"), j.run_at.timestamp_millis()))
+        .collect()
+}
