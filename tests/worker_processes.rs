@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{wait_for, Broker};
+use common::{events, wait_for, Broker};
 use kairos::{Config, Job, JobId, Producer};
 
 const KEYS: usize = 10_000;
@@ -77,36 +77,6 @@ fn now_nanos() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
 }
 
-#[derive(Debug, Clone)]
-struct Event {
-    start: bool,
-    key: String,
-    id: JobId,
-    attempt: u32,
-    nanos: u128,
-    pid: u32,
-}
-
-fn read_events(path: &Path) -> Vec<Event> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            if f.len() != 6 {
-                return None; // a line being written right now
-            }
-            Some(Event {
-                start: f[0] == "start",
-                key: f[1].to_string(),
-                id: f[2].parse().ok()?,
-                attempt: f[3].parse().ok()?,
-                nanos: f[4].parse().ok()?,
-                pid: f[5].parse().ok()?,
-            })
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key() {
     let broker = Broker::start();
@@ -167,7 +137,7 @@ async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key
 
     let started = Instant::now();
     let evs = wait_for("every job to complete", Duration::from_secs(240), || {
-        let evs = read_events(&events);
+        let evs = events::read(&events);
         let done: HashSet<JobId> = evs.iter().filter(|e| !e.start).map(|e| e.id).collect();
         written.keys().all(|id| done.contains(id)).then_some(evs)
     });
@@ -180,31 +150,14 @@ async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key
         w.terminate();
     }
 
-    // Intervals per key: pair each start with its end (same process, job, attempt);
-    // a start whose process was killed ends at the kill.
-    let mut ends: HashMap<(u32, JobId, u32), u128> = HashMap::new();
-    for e in evs.iter().filter(|e| !e.start) {
-        ends.insert((e.pid, e.id, e.attempt), e.nanos);
+    // Runs per key; a run cut by the kill ends at the kill.
+    let runs = events::runs_by_key(&evs, &kills);
+    let unfinished_runs = evs.iter().filter(|e| e.start).count() - evs.iter().filter(|e| !e.start).count();
+    let overlapping = events::overlaps(&runs);
+    for (key, a, b) in overlapping.iter().take(5) {
+        eprintln!("overlap on {key}: {a:?} and {b:?}");
     }
-    let mut intervals: HashMap<&str, Vec<(u128, u128, JobId)>> = HashMap::new();
-    let mut unfinished_runs = 0;
-    for e in evs.iter().filter(|e| e.start) {
-        let end = match ends.get(&(e.pid, e.id, e.attempt)) {
-            Some(t) => *t,
-            None => {
-                unfinished_runs += 1;
-                *kills
-                    .get(&e.pid)
-                    .unwrap_or_else(|| panic!("run of {} in live pid {} never ended", e.id, e.pid))
-            }
-        };
-        intervals.entry(&e.key).or_default().push((e.nanos, end, e.id));
-    }
-    let mut overlaps = 0;
-    for runs in intervals.values_mut() {
-        runs.sort();
-        overlaps += runs.windows(2).filter(|w| w[1].0 < w[0].1).count();
-    }
+    let overlaps = overlapping.len();
     // Per-key order of first completions.
     let mut first_end: HashMap<JobId, u128> = HashMap::new();
     for e in evs.iter().filter(|e| !e.start) {

@@ -3,6 +3,7 @@
 //! and reading topics back.
 #![allow(dead_code)]
 
+pub mod events;
 pub mod system;
 
 use std::io::Write;
@@ -46,7 +47,8 @@ pub fn broker_binary() -> PathBuf {
 pub enum Storage {
     /// Nothing survives the process.
     Memory,
-    /// Records survive a kill -9 and restart on the same file.
+    /// Records survive a kill -9 and restart: the broker runs in this
+    /// directory (kept across restarts) with its database at `data/broker.db`.
     Sqlite(PathBuf),
 }
 
@@ -75,9 +77,13 @@ impl Broker {
     pub fn start_with(storage: Storage, port: u16) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("tcp://127.0.0.1:{port}");
-        let engine = match &storage {
-            Storage::Memory => "memory://nisshi/".to_string(),
-            Storage::Sqlite(p) => format!("sqlite://{}", p.display()),
+        let (engine, workdir) = match &storage {
+            Storage::Memory => ("memory://nisshi/".to_string(), dir.path().to_path_buf()),
+            Storage::Sqlite(d) => {
+                std::fs::create_dir_all(d.join("data")).expect("broker data dir");
+                // nisshi takes a path relative to its working directory.
+                ("sqlite://data/broker.db".to_string(), d.clone())
+            }
         };
         let log = dir.path().join("broker.log");
         // The watchdog: run the broker in the background; when our end of
@@ -107,7 +113,7 @@ impl Broker {
             .args(["--storage-engine", &engine])
             .args(["--group-initial-rebalance-delay", "0s", "--silent"])
             .env("BROKER_LOG", &log)
-            .current_dir(dir.path())
+            .current_dir(&workdir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,0 +1,309 @@
+//! The crash and fault suite: two scheduler processes and three worker
+//! processes run while jobs flow, and faults hit them over many cycles:
+//! SIGKILL of a scheduler or a worker, a graceful restart of a worker, and a
+//! SIGKILL and restart of the broker itself on its durable (sqlite) storage.
+//! Faults are paced by progress (completions seen), not by sleeping.
+//!
+//! At the end an independent checker reads the work topic, the dead-letter
+//! topic and the handlers' event log, and counts lost, early, out-of-order
+//! and duplicated jobs and same-key overlaps. Lost, early, out-of-order and
+//! overlapping must be zero; duplicates are counted (the README says where
+//! they come from).
+//!
+//! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
+//! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
+//! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::Utc;
+use common::events;
+use common::system::enqueue_all;
+use common::{free_port, read_up_to, record_count, wait_for, Broker, Storage};
+use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
+use kairos::{Job, JobId, Producer};
+use rand::{Rng, SeedableRng};
+use rdkafka::Message as _;
+
+/// A kairos process, killed with SIGKILL when dropped.
+struct Proc {
+    child: Child,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Proc {
+    fn spawn(args: Vec<String>, env: Vec<(String, String)>) -> Proc {
+        let child = Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .args(&args)
+            .envs(env.iter().cloned())
+            .env("KAIROS_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kairos");
+        Proc { child, args, env }
+    }
+
+    /// SIGKILL, then start the same command again; returns (dead pid, time of death).
+    fn kill9_and_restart(&mut self) -> (u32, u128) {
+        let pid = self.child.id();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let at = now_nanos();
+        *self = Proc::spawn(self.args.clone(), self.env.clone());
+        (pid, at)
+    }
+
+    /// SIGTERM (graceful), wait, start again.
+    fn terminate_and_restart(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        *self = Proc::spawn(self.args.clone(), self.env.clone());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// Jobs whose run succeeded: an end event with an attempt past its failures.
+fn succeeded(events: &[events::Event], fails: &HashMap<JobId, u32>) -> HashSet<JobId> {
+    events
+        .iter()
+        .filter(|e| !e.start && fails.get(&e.id).is_some_and(|f| e.attempt > *f))
+        .map(|e| e.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
+    let soak = std::env::var("KAIROS_SOAK").is_ok_and(|v| v == "1");
+    let cycles: usize = std::env::var("KAIROS_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if soak { 60 } else { 6 });
+    let (keys, per_key) = if soak { (1000, 80) } else { (500, 40) };
+    let seed: u64 = std::env::var("KAIROS_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| now_nanos() as u64);
+    eprintln!(
+        "crash suite: seed {seed}, {cycles} cycles, {} jobs",
+        keys * per_key
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::Sqlite(dir.path().join("broker"));
+    let port = free_port();
+    let mut broker = Some(Broker::start_with(storage.clone(), port));
+    let mut cfg = broker.as_ref().unwrap().config();
+    cfg.topics.work_partitions = 6;
+    cfg.topics.schedule_partitions = 6;
+    cfg.scheduler.group_id = common::unique("sched");
+    cfg.worker.group_id = common::unique("workers");
+    cfg.worker.topics = cfg.topics.work.clone();
+    cfg.worker.backoff_base = Duration::from_millis(200);
+    cfg.worker.revocation_deadline = Duration::from_secs(10);
+    cfg.kafka
+        .consumer
+        .insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka
+        .consumer
+        .insert("heartbeat.interval.ms".into(), "500".into());
+    kairos::topics::init(&cfg).await.unwrap();
+    let config_path = dir.path().join("kairos.toml");
+    std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
+    let events = dir.path().join("events.log");
+    let conf = config_path.to_str().unwrap().to_string();
+
+    let scheduler = |i: usize| {
+        let data = dir.path().join(format!("scheduler-{i}"));
+        Proc::spawn(
+            vec!["--config".into(), conf.clone(), "scheduler".into()],
+            vec![("KAIROS_SCHEDULER__DATA_DIR".into(), data.to_str().unwrap().into())],
+        )
+    };
+    let worker = || {
+        Proc::spawn(
+            vec![
+                "--config".into(),
+                conf.clone(),
+                "worker".into(),
+                "--events".into(),
+                events.to_str().unwrap().into(),
+            ],
+            vec![],
+        )
+    };
+    let mut schedulers: Vec<Proc> = (0..2).map(scheduler).collect();
+    let mut workers: Vec<Proc> = (0..3).map(|_| worker()).collect();
+    let mut deaths: HashMap<u32, u128> = HashMap::new();
+
+    // Jobs: each key's jobs written in sequence; a third due now, the rest
+    // over the next 12 s; one in twenty fails once and is retried.
+    let producer = Producer::new(&cfg).unwrap();
+    let work = cfg.topics.work[0].clone();
+    let mut fails: HashMap<JobId, u32> = HashMap::new();
+    let mut run_at: HashMap<JobId, i64> = HashMap::new();
+    let start = Utc::now();
+    for seq in 0..per_key {
+        let jobs: Vec<Job> = (0..keys)
+            .map(|k| {
+                let delay = if (k + seq) % 3 == 0 {
+                    0
+                } else {
+                    500 + (seq as i64 * 300) % 12_000
+                };
+                let fail = u32::from((k * 7 + seq) % 20 == 0);
+                Job::new(
+                    &work,
+                    format!("key-{k}"),
+                    format!("seq={seq} work=2 fail={fail}").into_bytes(),
+                )
+                .at(start + chrono::Duration::milliseconds(delay))
+            })
+            .collect();
+        for j in &jobs {
+            let f = kairos::example::Instructions::parse(&j.payload).fail;
+            fails.insert(j.id, f);
+        }
+        run_at.extend(enqueue_all(&producer, jobs).await);
+    }
+    let total = fails.len();
+
+    // Faults, each once some progress has been made since the last one.
+    let mut log = Vec::new();
+    let mut fault_times: Vec<u128> = Vec::new();
+    let broker_restart_at = cycles / 2;
+    for cycle in 0..cycles {
+        let target = (total * (cycle + 1)) / (cycles + 2);
+        wait_for("progress before the next fault", Duration::from_secs(180), || {
+            (succeeded(&events::read(&events), &fails).len() >= target).then_some(())
+        });
+        fault_times.push(now_nanos());
+        if cycle == broker_restart_at {
+            let (storage, port) = broker.take().unwrap().kill();
+            broker = Some(Broker::start_with(storage, port));
+            log.push("broker kill -9 + restart".to_string());
+            continue;
+        }
+        match rng.gen_range(0..3) {
+            0 => {
+                let i = rng.gen_range(0..schedulers.len());
+                let (pid, at) = schedulers[i].kill9_and_restart();
+                deaths.insert(pid, at);
+                log.push(format!("scheduler {i} kill -9"));
+            }
+            1 => {
+                let i = rng.gen_range(0..workers.len());
+                let (pid, at) = workers[i].kill9_and_restart();
+                deaths.insert(pid, at);
+                log.push(format!("worker {i} kill -9"));
+            }
+            _ => {
+                let i = rng.gen_range(0..workers.len());
+                workers[i].terminate_and_restart();
+                log.push(format!("worker {i} SIGTERM + restart"));
+            }
+        }
+    }
+    eprintln!("faults injected: {log:?}");
+
+    let events_now = wait_for("every job to succeed", Duration::from_secs(300), || {
+        let evs = events::read(&events);
+        (succeeded(&evs, &fails).len() == total).then_some(evs)
+    });
+    drop(workers);
+    drop(schedulers);
+
+    // ---- the independent checker
+    let brokers = cfg.kafka.brokers.clone();
+    // Work topic: every record, in partition order.
+    let n = record_count(&brokers, &work) as usize;
+    let records = read_up_to(&brokers, &work, n, Duration::from_secs(60));
+    assert_eq!(records.len(), n);
+    let mut early_fires = 0;
+    let mut work_copies: HashMap<JobId, usize> = HashMap::new();
+    let mut first_write: HashMap<String, Vec<JobId>> = HashMap::new();
+    let mut by_partition: Vec<_> = records.iter().collect();
+    by_partition.sort_by_key(|m| (m.partition(), m.offset()));
+    for m in by_partition {
+        let job = match wire::decode(&RecordView::from_message(m), Context::Work, &Limits::default()) {
+            Ok(Cmd::Schedule(j)) => j,
+            other => panic!("work topic holds an undecodable record: {other:?}"),
+        };
+        if m.timestamp().to_millis().unwrap() < job.run_at.timestamp_millis() {
+            early_fires += 1;
+        }
+        let c = work_copies.entry(job.id).or_insert(0);
+        *c += 1;
+        if *c == 1 && job.attempt == 1 {
+            first_write
+                .entry(job.key_lossy().into_owned())
+                .or_default()
+                .push(job.id);
+        }
+    }
+    let lost: Vec<&JobId> = fails.keys().filter(|id| !work_copies.contains_key(id)).collect();
+    let dead = record_count(&brokers, &cfg.topics.dead_letter);
+
+    // Handler runs: overlaps per key, early starts, order of first successes.
+    let runs_by_key = events::runs_by_key(&events_now, &deaths);
+    let early_starts = events_now
+        .iter()
+        .filter(|e| e.start && (e.nanos / 1_000_000) < run_at[&e.id] as u128)
+        .count();
+    let overlapping = events::overlaps(&runs_by_key);
+    for (key, a, b) in overlapping.iter().take(5) {
+        eprintln!("overlap on {key}: {a:?} and {b:?} (fault times {fault_times:?})");
+    }
+    let overlaps = overlapping.len();
+    let mut first_success: HashMap<JobId, u128> = HashMap::new();
+    for e in events_now.iter().filter(|e| !e.start && e.attempt > fails[&e.id]) {
+        first_success.entry(e.id).or_insert(e.nanos);
+    }
+    // Jobs that never failed must first succeed in their work-topic order.
+    let mut out_of_order = 0;
+    for ids in first_write.values() {
+        let times: Vec<u128> = ids
+            .iter()
+            .filter(|id| fails[*id] == 0)
+            .map(|id| first_success[id])
+            .collect();
+        out_of_order += times.windows(2).filter(|w| w[1] < w[0]).count();
+    }
+    let fire_duplicates: usize = work_copies.values().map(|c| c.saturating_sub(1)).sum::<usize>()
+        - fails.values().map(|f| *f as usize).sum::<usize>();
+    let runs = events_now.iter().filter(|e| e.start).count();
+    let run_duplicates = runs - total - fails.values().map(|f| *f as usize).sum::<usize>();
+    eprintln!(
+        "crash suite result: {total} jobs, {} faults; lost {}, early fires {early_fires}, early starts {early_starts}, \
+         out of order {out_of_order}, same-key overlaps {overlaps}, dead letters {dead}; \
+         duplicates: {fire_duplicates} extra fires (scheduler), {run_duplicates} extra runs (worker re-delivery)",
+        log.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "lost jobs: {lost:?}");
+    assert_eq!(early_fires, 0);
+    assert_eq!(early_starts, 0);
+    assert_eq!(out_of_order, 0);
+    assert_eq!(overlaps, 0);
+    assert_eq!(dead, 0, "no job should have used up its attempts");
+    drop(broker);
+}
