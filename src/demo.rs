@@ -72,6 +72,9 @@ fn failed(e: impl std::fmt::Display) -> DemoError {
     DemoError(e.to_string())
 }
 
+/// When a run started and ended.
+type Interval = (DateTime<Utc>, DateTime<Utc>);
+
 /// One handler run, as the worker reports it to the demo.
 struct RunEvent {
     job: Job,
@@ -223,7 +226,7 @@ pub async fn run(
         ..Default::default()
     };
     let mut finished: HashSet<JobId> = HashSet::new();
-    let mut runs: HashMap<Vec<u8>, Vec<(DateTime<Utc>, DateTime<Utc>)>> = HashMap::new();
+    let mut runs: HashMap<Vec<u8>, Vec<Interval>> = HashMap::new();
     let mut last_first_attempt: HashMap<Vec<u8>, DateTime<Utc>> = HashMap::new();
     let mut late: Vec<i64> = Vec::new();
     let mut shown = 0;

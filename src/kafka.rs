@@ -45,6 +45,9 @@ pub fn producer_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
     c.set("acks", "all");
     c.set("partitioner", "murmur2_random");
     c.set("linger.ms", "5");
+    // Kafka's default broker limit (librdkafka's own default is lower), so a
+    // record at the payload limit plus its key and headers fits, dead letters too.
+    c.set("message.max.bytes", "1048588");
     c.set("message.timeout.ms", cfg.produce_timeout.as_millis().to_string());
     apply(&mut c, cfg.client.iter());
     apply(&mut c, cfg.producer.iter());
@@ -110,6 +113,87 @@ pub async fn send(
     producer.send(fr, Timeout::Never).await.map_err(|(e, _)| e)
 }
 
+/// Run a blocking librdkafka call: on tokio's blocking pool inside a runtime,
+/// inline on a plain thread (the worker's and scheduler's poll threads).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|_| KafkaError::Canceled)?,
+        Err(_) => f(),
+    }
+}
+
+/// Answers "does this topic exist?" from the cluster's metadata, with a
+/// cache, through a consumer-type client (whose metadata requests never
+/// auto-create topics, unlike a producer's). librdkafka itself only notices a
+/// missing topic when a write times out, which a retry loop would take for a
+/// passing fault.
+#[derive(Clone)]
+pub struct TopicCheck {
+    client: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
+    known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+    timeout: std::time::Duration,
+}
+
+impl TopicCheck {
+    /// How long a topic seen to exist is trusted without asking again.
+    const TRUST: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// A checker on the cluster of `cfg`.
+    pub fn new(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
+        let client: rdkafka::consumer::BaseConsumer = base_config(cfg, "kairos-topic-check")
+            .set("allow.auto.create.topics", "false")
+            .create()?;
+        Ok(TopicCheck {
+            client: std::sync::Arc::new(client),
+            known: Default::default(),
+            timeout: cfg.produce_timeout,
+        })
+    }
+
+    /// Whether `topic` exists. Errors only when the cluster cannot be asked.
+    pub async fn exists(&self, topic: &str) -> Result<bool, KafkaError> {
+        use rdkafka::consumer::Consumer as _;
+        {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            if known.get(topic).is_some_and(|t| t.elapsed() < Self::TRUST) {
+                return Ok(true);
+            }
+        }
+        let client = self.client.clone();
+        let name = topic.to_string();
+        let timeout = self.timeout;
+        let exists = blocking(move || {
+            let md = client.fetch_metadata(Some(&name), timeout)?;
+            Ok(md
+                .topics()
+                .iter()
+                .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty()))
+        })
+        .await?;
+        if exists {
+            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            known.insert(topic.to_string(), std::time::Instant::now());
+        }
+        Ok(exists)
+    }
+}
+
+/// Whether a write failed because its topic does not exist (a permanent
+/// failure: retrying will not help).
+pub fn is_unknown_topic(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition
+                | rdkafka::types::RDKafkaErrorCode::UnknownTopic
+        )
+    )
+}
+
 /// Number of partitions of `topic`, from the cluster's metadata. Blocking
 /// (librdkafka's metadata call), so it runs on tokio's blocking pool.
 pub async fn partition_count(
@@ -120,7 +204,7 @@ pub async fn partition_count(
     use rdkafka::producer::Producer as _;
     let producer = producer.clone();
     let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || {
+    blocking(move || {
         let md = producer.client().fetch_metadata(Some(&topic), timeout)?;
         let t = md
             .topics()
@@ -140,7 +224,6 @@ pub async fn partition_count(
         Ok(t.partitions().len() as i32)
     })
     .await
-    .map_err(|_| KafkaError::Canceled)?
 }
 
 #[cfg(test)]

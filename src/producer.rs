@@ -54,9 +54,26 @@ pub enum ProduceError {
         /// librdkafka's error.
         source: KafkaError,
     },
+    /// The job's work topic does not exist.
+    #[error("work topic `{topic}` does not exist")]
+    UnknownTopic {
+        /// The topic named by the job.
+        topic: String,
+    },
     /// The producer could not be created from the configuration.
     #[error("cannot create the Kafka producer: {0}")]
     Client(KafkaError),
+}
+
+impl ProduceError {
+    /// Whether retrying cannot help: the job is invalid or its topic does not exist.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ProduceError::InvalidJob { .. } | ProduceError::UnknownTopic { .. } => true,
+            ProduceError::Kafka { source, .. } => kafka::is_unknown_topic(source),
+            ProduceError::Client(_) => false,
+        }
+    }
 }
 
 /// Writes jobs to Kafka. Cheap to clone; clones share one connection.
@@ -75,6 +92,8 @@ pub struct Producer {
     schedule_partitions: std::sync::Arc<OnceCell<i32>>,
     /// Bound for metadata look-ups.
     metadata_timeout: Duration,
+    /// Refuses jobs for work topics that do not exist.
+    topic_check: kafka::TopicCheck,
 }
 
 impl std::fmt::Debug for Producer {
@@ -89,19 +108,24 @@ impl Producer {
     /// A producer from configuration, on the system clock.
     pub fn new(config: &Config) -> Result<Self, ProduceError> {
         let inner = kafka::producer(&config.kafka, "kairos-producer").map_err(ProduceError::Client)?;
-        Ok(Self::from_parts(inner, config, clock::system()))
+        Self::from_parts(inner, config, clock::system())
     }
 
     /// A producer over an existing rdkafka producer and a given clock.
-    pub fn from_parts(inner: FutureProducer, config: &Config, clock: SharedClock) -> Self {
-        Producer {
+    pub fn from_parts(
+        inner: FutureProducer,
+        config: &Config,
+        clock: SharedClock,
+    ) -> Result<Self, ProduceError> {
+        Ok(Producer {
             inner,
             topics: config.topics.clone(),
             limits: config.limits,
             clock,
             schedule_partitions: Default::default(),
             metadata_timeout: config.kafka.produce_timeout,
-        }
+            topic_check: kafka::TopicCheck::new(&config.kafka).map_err(ProduceError::Client)?,
+        })
     }
 
     /// Start writing `job`: await the result for the job id, or set its
@@ -118,6 +142,17 @@ impl Producer {
     #[instrument(skip_all, fields(job_id = %job.id, key = %job.key_lossy(), topic = %job.topic))]
     async fn write(&self, job: Job) -> Result<JobId, ProduceError> {
         wire::check(&job, &self.limits).map_err(|reason| ProduceError::InvalidJob { id: job.id, reason })?;
+        let exists = self
+            .topic_check
+            .exists(&job.topic)
+            .await
+            .map_err(|source| ProduceError::Kafka {
+                topic: job.topic.clone(),
+                source,
+            })?;
+        if !exists {
+            return Err(ProduceError::UnknownTopic { topic: job.topic });
+        }
         let due = job.is_due(self.clock.now());
         let destination = if due { &job.topic } else { &self.topics.schedule };
         let rec = wire::encode(&job, destination);

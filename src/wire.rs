@@ -64,9 +64,12 @@ pub mod header {
     pub const ORIGIN_PARTITION: &str = "kairos-origin-partition";
     /// Dead letters: the offset the record was read from.
     pub const ORIGIN_OFFSET: &str = "kairos-origin-offset";
+    /// Dead letters: what was cut to fit (`key`, `payload` or `key,payload`);
+    /// the whole record stays at its origin offset.
+    pub const DEAD_TRUNCATED: &str = "kairos-dead-truncated";
 
     /// Every name of the contract, in the order they are written.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         VERSION,
         ID,
         RUN_AT,
@@ -80,6 +83,7 @@ pub mod header {
         ORIGIN_TOPIC,
         ORIGIN_PARTITION,
         ORIGIN_OFFSET,
+        DEAD_TRUNCATED,
     ];
 }
 
@@ -628,16 +632,24 @@ pub struct DeadLetter {
 }
 
 /// Build the dead-letter record for a record that could not be processed:
-/// the original key, value and headers untouched, plus the reason and origin.
-/// Any reason or origin headers already on the record (a dead letter being
+/// the original key, value and headers, plus the reason and origin. Any
+/// reason or origin headers already on the record (a dead letter being
 /// dead-lettered again) are replaced, so the result decodes without
-/// duplicate headers.
-pub fn dead_letter_record(view: &RecordView<'_>, dead: &DeadLetter, dlq_topic: &str) -> OwnedRecord {
+/// duplicate headers. A key or value beyond `limits` is cut to the limit
+/// (so that the dead letter itself can be written) and the cut is named in
+/// `kairos-dead-truncated`; the whole record stays at its origin offset.
+pub fn dead_letter_record(
+    view: &RecordView<'_>,
+    dead: &DeadLetter,
+    dlq_topic: &str,
+    limits: &Limits,
+) -> OwnedRecord {
     let replaced = [
         header::DEAD_REASON,
         header::ORIGIN_TOPIC,
         header::ORIGIN_PARTITION,
         header::ORIGIN_OFFSET,
+        header::DEAD_TRUNCATED,
     ];
     let mut headers: HeaderList = view
         .headers
@@ -646,10 +658,26 @@ pub fn dead_letter_record(view: &RecordView<'_>, dead: &DeadLetter, dlq_topic: &
         .map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec)))
         .collect();
     add_dead_headers(&mut headers, dead);
+    let key = view.key.unwrap_or_default();
+    let mut cut = Vec::new();
+    if key.len() > limits.max_key_bytes {
+        cut.push("key");
+    }
+    if view.value.is_some_and(|v| v.len() > limits.max_payload_bytes) {
+        cut.push("payload");
+    }
+    if !cut.is_empty() {
+        headers.push((
+            header::DEAD_TRUNCATED.to_string(),
+            Some(cut.join(",").into_bytes()),
+        ));
+    }
     OwnedRecord {
         topic: dlq_topic.to_string(),
-        key: view.key.unwrap_or_default().to_vec(),
-        value: view.value.map(<[u8]>::to_vec),
+        key: key[..key.len().min(limits.max_key_bytes)].to_vec(),
+        value: view
+            .value
+            .map(|v| v[..v.len().min(limits.max_payload_bytes)].to_vec()),
         headers,
     }
 }

@@ -104,7 +104,7 @@ async fn producer_routes_due_jobs_to_work_and_future_jobs_to_schedule() {
     let now = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
     let clock = ManualClock::new(now);
     let inner = kairos::kafka::producer(&cfg.kafka, "test").unwrap();
-    let producer = Producer::from_parts(inner, &cfg, std::sync::Arc::new(clock.clone()));
+    let producer = Producer::from_parts(inner, &cfg, std::sync::Arc::new(clock.clone())).unwrap();
     let work = cfg.topics.work[0].clone();
 
     let due = Job::new(&work, "user-1", b"now".to_vec())
@@ -383,5 +383,16 @@ async fn the_producer_refuses_jobs_a_consumer_would_dead_letter() {
             ..
         }
     ));
+    let err = producer
+        .enqueue(Job::new("no-such-topic", "k", b"p".to_vec()))
+        .after(Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ProduceError::UnknownTopic { ref topic } if topic == "no-such-topic"),
+        "{err}"
+    );
+    assert!(err.is_permanent());
     assert_eq!(common::record_count(&cfg.kafka.brokers, &work), 0);
+    assert_eq!(common::record_count(&cfg.kafka.brokers, &cfg.topics.schedule), 0);
 }

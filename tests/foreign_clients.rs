@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -39,7 +38,7 @@ async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let runs: Arc<Mutex<Vec<(Job, chrono::DateTime<Utc>)>>> = Default::default();
+    let runs: common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
     let r = runs.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let r = r.clone();

@@ -108,7 +108,7 @@ async fn retries_back_off_through_the_scheduler_and_end_in_the_dead_letter_topic
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let attempts: Arc<Mutex<Vec<(u32, Instant, Option<String>)>>> = Default::default();
+    let attempts: common::Recorded<(u32, Instant, Option<String>)> = Default::default();
     let a = attempts.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let a = a.clone();
@@ -154,7 +154,7 @@ async fn follow_ups_run_at_their_run_at() {
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let seen: Arc<Mutex<Vec<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)>>> = Default::default();
+    let seen: common::Recorded<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();
     let s = seen.clone();
     let w = work.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
@@ -281,7 +281,7 @@ async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let ran: Arc<Mutex<Vec<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)>>> = Default::default();
+    let ran: common::Recorded<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();
     let r = ran.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let r = r.clone();

@@ -117,6 +117,8 @@ struct Shared {
     fatal: Mutex<Option<String>>,
     /// Connection settings for changelog readers.
     reader_config: ClientConfig,
+    /// Whether a job's work topic exists (a job for a missing one is dead-lettered).
+    topic_check: kafka::TopicCheck,
     stats: Stats,
 }
 
@@ -162,6 +164,7 @@ impl Scheduler {
                 stop: CancellationToken::new(),
                 fatal: Mutex::new(None),
                 reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
+                topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
                 stats: Stats::default(),
             }),
         })
@@ -491,7 +494,12 @@ fn ingest_batch(
                     origin_partition: p,
                     origin_offset: offset,
                 };
-                dead.push(wire::dead_letter_record(&view, &d, &cfg.topics.dead_letter));
+                dead.push(wire::dead_letter_record(
+                    &view,
+                    &d,
+                    &cfg.topics.dead_letter,
+                    &cfg.limits,
+                ));
             }
         }
     }
@@ -635,23 +643,32 @@ async fn dispatch_loop(shared: Arc<Shared>) {
     }
 }
 
-fn is_unknown_topic(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
-    )
-}
-
 /// Fire due jobs: write each to its work topic, then tombstone and delete
 /// the ones acknowledged. Jobs whose write failed go back into the window.
 async fn fire(shared: &Arc<Shared>, due: Vec<(DueKey, StoredJob)>) -> Result<(), StoreError> {
     let cfg = &shared.cfg;
-    let records: Vec<OwnedRecord> = due
-        .iter()
-        .map(|(_, s)| wire::encode(&s.job, &s.job.topic))
-        .collect();
-    let results =
-        futures::future::join_all(records.iter().map(|r| kafka::send(&shared.producer, r, None))).await;
+    // Jobs for work topics that do not exist are dead-lettered, not written
+    // (librdkafka would only time out on them). A failed look-up is retried.
+    let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::new();
+    for (_, s) in &due {
+        if !missing.contains_key(s.job.topic.as_str()) {
+            let exists = shared.topic_check.exists(&s.job.topic).await;
+            missing.insert(&s.job.topic, exists.map(|e| !e));
+        }
+    }
+    let results = futures::future::join_all(due.iter().map(|(_, s)| {
+        let check = &missing[s.job.topic.as_str()];
+        async move {
+            match check {
+                Ok(true) => Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                )),
+                Ok(false) => kafka::send(&shared.producer, &wire::encode(&s.job, &s.job.topic), None).await,
+                Err(e) => Err(e.clone()),
+            }
+        }
+    }))
+    .await;
     let now = Utc::now();
     let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
@@ -667,7 +684,7 @@ async fn fire(shared: &Arc<Shared>, due: Vec<(DueKey, StoredJob)>) -> Result<(),
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);
             }
-            Err(e) if is_unknown_topic(&e) => {
+            Err(e) if kafka::is_unknown_topic(&e) => {
                 warn!(job_id = %s.job.id, topic = %s.job.topic, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
                 let d = DeadLetter {

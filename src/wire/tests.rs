@@ -412,7 +412,7 @@ fn dead_letters_keep_the_original_record_and_replace_old_reasons() {
         origin_partition: 0,
         origin_offset: 7,
     };
-    let rec = dead_letter_record(&original, &dead, "kairos.dead");
+    let rec = dead_letter_record(&original, &dead, "kairos.dead", &Limits::default());
     assert_eq!(rec.key, b"user-1");
     assert_eq!(rec.value.as_deref(), Some(&b"payload"[..]));
     assert_eq!(rec.header("kairos-run-at"), Some(&b"garbage"[..]));
@@ -425,6 +425,27 @@ fn dead_letters_keep_the_original_record_and_replace_old_reasons() {
             .count(),
         1
     );
+}
+
+#[test]
+fn oversized_dead_letters_are_cut_to_the_limits_and_say_so() {
+    let key = vec![b'k'; 5000];
+    let value = vec![b'v'; 1_000_010];
+    let mut original = plain(vec![]);
+    original.key = Some(&key);
+    original.value = Some(&value);
+    let dead = DeadLetter {
+        reason: "too big".into(),
+        origin_topic: "jobs".into(),
+        origin_partition: 0,
+        origin_offset: 7,
+    };
+    let rec = dead_letter_record(&original, &dead, "kairos.dead", &Limits::default());
+    assert_eq!(rec.key.len(), 4096);
+    assert_eq!(rec.value.as_ref().unwrap().len(), 1_000_000);
+    assert_eq!(rec.header("kairos-dead-truncated"), Some(&b"key,payload"[..]));
+    let small = dead_letter_record(&plain(vec![]), &dead, "kairos.dead", &Limits::default());
+    assert_eq!(small.header("kairos-dead-truncated"), None);
 }
 
 #[test]

@@ -225,7 +225,7 @@ impl WorkerBuilder {
             return Err(WorkerError::Config("concurrency must be at least 1".into()));
         }
         let raw = kafka::producer(&cfg.kafka, "kairos-worker")?;
-        let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone());
+        let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone())?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| WorkerError::Config("build the worker inside a tokio runtime".into()))?;
         Ok(Worker {
@@ -391,6 +391,10 @@ fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) {
     for tp in tps {
         if let Some(c) = st.tracker.commit_point(*tp) {
             let _ = tpl.add_partition_offset(&shared.topics[tp.0], tp.1, Offset::Offset(c));
+            // Store it too: librdkafka commits the stored offsets once more
+            // when the partition goes (auto-commit), and a stale stored offset
+            // would move the committed one back.
+            let _ = consumer.store_offset(&shared.topics[tp.0], tp.1, c - 1);
         }
         st.tracker.remove(*tp);
         st.owned.remove(tp);
@@ -483,7 +487,8 @@ fn accept(shared: &Arc<Shared>, m: &BorrowedMessage<'_>) {
                 origin_partition: tp.1,
                 origin_offset: offset,
             };
-            let rec = wire::dead_letter_record(&view, &dead, &shared.cfg.topics.dead_letter);
+            let rec =
+                wire::dead_letter_record(&view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
             if write_until_done(shared, None, || kafka::send(&shared.raw, &rec, None)) {
                 shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 finish_offset(shared, tp, offset, None);
@@ -644,6 +649,12 @@ async fn settle(
                         shared.stats.succeeded.fetch_add(1, Ordering::Relaxed);
                         debug!(job_id = %job.id, follow_ups = follow_ups.len(), "done");
                         Ok(())
+                    }
+                    // A follow-up that can never be written fails the job for
+                    // good (retrying the job would hit the same wall).
+                    Some(e) if e.is_permanent() => {
+                        let reason = format!("follow-up rejected: {e}");
+                        dead_letter(shared, job, tp, offset, &reason, None).await
                     }
                     Some(e) => Err(e.to_string()),
                 }

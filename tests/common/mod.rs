@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod events;
+
+/// What a handler under test records, shared with the test.
+pub type Recorded<T> = std::sync::Arc<std::sync::Mutex<Vec<T>>>;
 pub mod system;
 
 use std::io::Write;
