@@ -49,8 +49,8 @@ pub struct WorkerConfig {
     pub topics: Vec<String>,
     /// Most jobs running at once (of different keys: one per key at a time).
     pub concurrency: usize,
-    /// Most jobs read ahead and buffered; past it the partitions are paused
-    /// until half of the buffer has drained.
+    /// Most jobs read ahead and buffered; when it is full the worker stops
+    /// reading until a job finishes (polling once a second to serve rebalances).
     pub max_buffered: usize,
     /// Attempts before a failing job is dead-lettered (a job's
     /// `kairos-max-attempts` overrides it).

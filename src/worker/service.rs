@@ -421,22 +421,31 @@ fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     let topics: Vec<&str> = shared.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
-    let mut paused = false;
     while !shared.stop.is_cancelled() {
         store_offsets(shared, &consumer);
-        let buffered = shared.state().table.buffered();
-        if !paused && buffered >= max_buffered {
-            if let Ok(a) = consumer.assignment() {
-                paused = consumer.pause(&a).is_ok();
-                debug!(buffered, "buffer full; partitions paused");
-            }
-        } else if paused && buffered <= max_buffered / 2 {
-            if let Ok(a) = consumer.assignment() {
-                paused = consumer.resume(&a).is_err();
-                debug!(buffered, "buffer drained; partitions resumed");
+        // Back-pressure: with the buffer full, stop reading until a job
+        // finishes. Pausing the partitions instead would make librdkafka drop
+        // what it had fetched and stall for most of a second after the
+        // resume. librdkafka's own read-ahead is bounded by
+        // `queued.max.messages.kbytes`. One poll a second still serves
+        // rebalances (each may add one record beyond the bound).
+        let mut polled_at_most = Duration::from_millis(50);
+        {
+            let mut st = shared.state();
+            if st.table.buffered() >= max_buffered {
+                st = shared
+                    .finished
+                    .wait_timeout(st, Duration::from_secs(1))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                if st.table.buffered() >= max_buffered {
+                    polled_at_most = Duration::ZERO;
+                } else {
+                    continue;
+                }
             }
         }
-        match consumer.poll(Duration::from_millis(50)) {
+        match consumer.poll(polled_at_most) {
             None => {}
             Some(Err(e)) => warn!(error = %e, "work topic consumer"),
             Some(Ok(m)) => accept(shared, &m),
@@ -565,7 +574,6 @@ fn pump(shared: &Arc<Shared>) {
         let cancel = owned.cancel.clone();
         let generation = owned.generation;
         *st.in_flight.entry(entry.tp).or_insert(0) += 1;
-        shared.stats.started.fetch_add(1, Ordering::Relaxed);
         let s = shared.clone();
         shared.runtime.spawn(run_job(s, entry, cancel, generation));
     }
@@ -592,6 +600,7 @@ async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, g
     let settled = if cancel.is_cancelled() {
         false
     } else {
+        shared.stats.started.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
             partition = tp.1, offset, attempt = job.attempt);
         let _enter = span.enter();
