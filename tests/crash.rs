@@ -112,20 +112,11 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     let storage = Storage::Sqlite(dir.path().join("broker"));
     let port = free_port();
     let mut broker = Some(Broker::start_with(storage.clone(), port));
-    let mut cfg = broker.as_ref().unwrap().config();
+    let mut cfg = common::system::config(broker.as_ref().unwrap(), dir.path());
     cfg.topics.work_partitions = 6;
     cfg.topics.schedule_partitions = 6;
-    cfg.scheduler.group_id = common::unique("sched");
-    cfg.worker.group_id = common::unique("workers");
-    cfg.worker.topics = cfg.topics.work.clone();
     cfg.worker.backoff_base = Duration::from_millis(200);
     cfg.worker.revocation_deadline = Duration::from_secs(10);
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
-    cfg.kafka
-        .consumer
-        .insert("heartbeat.interval.ms".into(), "500".into());
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("kairos.toml");
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();

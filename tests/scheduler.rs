@@ -28,21 +28,6 @@ fn job_of(m: &OwnedMessage) -> Job {
     }
 }
 
-/// Config for a scheduler under test: its own store and group, quick
-/// failure detection (a killed member's partitions move within seconds).
-fn scheduler_config(broker: &Broker, dir: &std::path::Path) -> Config {
-    let mut cfg = broker.config();
-    cfg.scheduler.data_dir = dir.to_path_buf();
-    cfg.scheduler.group_id = common::unique("sched");
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
-    cfg.kafka
-        .consumer
-        .insert("heartbeat.interval.ms".into(), "500".into());
-    cfg
-}
-
 struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
@@ -70,6 +55,17 @@ impl Running {
     }
 }
 
+/// A broker, topics, and a scheduler that owns every schedule partition.
+async fn started() -> (Broker, tempfile::TempDir, Config, Running) {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::system::config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let running = start(&cfg);
+    wait_owned(&running, 3);
+    (broker, dir, cfg, running)
+}
+
 fn wait_owned(r: &Running, n: usize) {
     wait_for("scheduler to own its partitions", T, || {
         (r.handle.status().owned.len() == n).then_some(())
@@ -78,13 +74,8 @@ fn wait_owned(r: &Running, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = scheduler_config(&broker, dir.path());
-    kairos::topics::init(&cfg).await.unwrap();
+    let (_broker, _dir, cfg, running) = started().await;
     let work = cfg.topics.work[0].clone();
-    let running = start(&cfg);
-    wait_owned(&running, 3);
     let producer = Producer::new(&cfg).unwrap();
     let base = Utc::now() + chrono::Duration::milliseconds(1500);
     // Written in reverse run-at order, two keys: the scheduler must reorder.
@@ -132,13 +123,8 @@ async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_reschedule_take_effect() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = scheduler_config(&broker, dir.path());
-    kairos::topics::init(&cfg).await.unwrap();
+    let (_broker, _dir, cfg, running) = started().await;
     let work = cfg.topics.work[0].clone();
-    let running = start(&cfg);
-    wait_owned(&running, 3);
     let producer = Producer::new(&cfg).unwrap();
     let at = Utc::now() + chrono::Duration::seconds(2);
     // One key, so one partition and a defined firing order.
@@ -194,13 +180,8 @@ async fn cancel_and_reschedule_take_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_records_are_dead_lettered_and_past_due_jobs_fire_at_once() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = scheduler_config(&broker, dir.path());
-    kairos::topics::init(&cfg).await.unwrap();
+    let (_broker, _dir, cfg, running) = started().await;
     let work = cfg.topics.work[0].clone();
-    let running = start(&cfg);
-    wait_owned(&running, 3);
     let plain: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &cfg.kafka.brokers)
         .create()
@@ -269,6 +250,7 @@ impl Drop for ChildGuard {
 fn spawn_scheduler(cfg: &Config) -> ChildGuard {
     let toml = toml::to_string(cfg).unwrap();
     let path = cfg.scheduler.data_dir.with_extension("toml");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, toml).unwrap();
     Command::new(env!("CARGO_BIN_EXE_kairos"))
         .args(["--config", path.to_str().unwrap(), "scheduler"])
@@ -311,7 +293,7 @@ fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
 async fn a_scheduler_killed_with_sigkill_loses_no_job() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = scheduler_config(&broker, &dir.path().join("a"));
+    let cfg = common::system::config(&broker, &dir.path().join("a"));
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
@@ -354,7 +336,7 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
 async fn a_partition_moving_between_two_instances_loses_nothing() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg_a = scheduler_config(&broker, &dir.path().join("a"));
+    let cfg_a = common::system::config(&broker, &dir.path().join("a"));
     kairos::topics::init(&cfg_a).await.unwrap();
     let mut cfg_b = cfg_a.clone();
     cfg_b.scheduler.data_dir = dir.path().join("b");
@@ -392,7 +374,7 @@ async fn a_partition_moving_between_two_instances_loses_nothing() {
 async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_changelog() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = scheduler_config(&broker, &dir.path().join("a"));
+    let cfg = common::system::config(&broker, &dir.path().join("a"));
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();

@@ -81,18 +81,10 @@ fn now_nanos() -> u128 {
 async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg: Config = broker.config();
+    let mut cfg: Config = common::system::config(&broker, dir.path());
     cfg.topics.work_partitions = 12;
-    cfg.worker.group_id = common::unique("workers");
-    cfg.worker.topics = cfg.topics.work.clone();
     cfg.worker.concurrency = 64;
     cfg.worker.revocation_deadline = Duration::from_secs(10);
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
-    cfg.kafka
-        .consumer
-        .insert("heartbeat.interval.ms".into(), "500".into());
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("worker.toml");
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
