@@ -319,3 +319,66 @@ async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
     assert_eq!(sys.worker.stats().handed_to_scheduler, 1);
     sys.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its_job_runs_again() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.worker.revocation_deadline = Duration::from_secs(1);
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    // Worker A hangs on the job for 12 s and ignores its cancellation token.
+    let a_runs: common::Recorded<(kairos::JobId, Instant, Instant)> = Default::default();
+    let a = a_runs.clone();
+    let sys_a = run(&cfg, false, move |job: Job, _ctx| {
+        let a = a.clone();
+        async move {
+            let start = Instant::now();
+            tokio::time::sleep(Duration::from_secs(12)).await; // deaf to cancellation
+            a.lock().unwrap().push((job.id, start, Instant::now()));
+            Outcome::done()
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let id = producer
+        .enqueue(Job::new(&work, "k", b"hang".to_vec()))
+        .await
+        .unwrap();
+    wait_for("A to start the job", T, || {
+        (sys_a.worker.stats().started == 1).then_some(())
+    });
+    // A shuts down: it releases its partitions after the deadline, not after the handler.
+    let released = Instant::now();
+    sys_a.stop().await;
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "release waited {took:?}, past the 1 s deadline"
+    );
+    // B takes over and runs the job again: it was never finished, so never committed.
+    let b_runs: common::Recorded<(kairos::JobId, Instant)> = Default::default();
+    let b = b_runs.clone();
+    let sys_b = run(&cfg, false, move |job: Job, _ctx| {
+        let b = b.clone();
+        async move {
+            b.lock().unwrap().push((job.id, Instant::now()));
+            Outcome::done()
+        }
+    });
+    wait_for("B to run the job", T, || {
+        (!b_runs.lock().unwrap().is_empty()).then_some(())
+    });
+    let (b_id, b_start) = b_runs.lock().unwrap()[0];
+    assert_eq!(b_id, id);
+    // This is the documented limit: A's run was still going when B started.
+    wait_for("A's run to end", T, || {
+        (!a_runs.lock().unwrap().is_empty()).then_some(())
+    });
+    let (_, _, a_end) = a_runs.lock().unwrap()[0];
+    assert!(
+        b_start < a_end,
+        "the overlap past the deadline is the documented case"
+    );
+    sys_b.stop().await;
+}
