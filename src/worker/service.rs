@@ -445,10 +445,24 @@ fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
                 }
             }
         }
-        match consumer.poll(polled_at_most) {
-            None => {}
-            Some(Err(e)) => warn!(error = %e, "work topic consumer"),
-            Some(Ok(m)) => accept(shared, &m),
+        let room = max_buffered
+            .saturating_sub(shared.state().table.buffered())
+            .clamp(1, 256);
+        let mut batch: Vec<BorrowedMessage<'_>> = Vec::new();
+        let mut next = consumer.poll(polled_at_most);
+        while let Some(r) = next {
+            match r {
+                Ok(m) => batch.push(m),
+                Err(e) => warn!(error = %e, "work topic consumer"),
+            }
+            // Take what is already fetched, up to the free room in the buffer.
+            if polled_at_most.is_zero() || batch.len() >= room {
+                break;
+            }
+            next = consumer.poll(Duration::ZERO);
+        }
+        if !batch.is_empty() {
+            accept_batch(shared, &batch);
         }
     }
     // Shutdown: drain everything we own, as on a revocation.
@@ -472,57 +486,86 @@ fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
     }
 }
 
-/// Take one record from a work topic.
-fn accept(shared: &Arc<Shared>, m: &BorrowedMessage<'_>) {
-    let Some(tp) = shared.tp(m.topic(), m.partition()) else {
-        return;
-    };
-    let offset = m.offset();
-    {
-        let mut st = shared.state();
-        if !st.owned.contains_key(&tp) {
-            return;
-        }
-        st.tracker.read(tp, offset);
-    }
-    let view = RecordView::from_message(m);
-    let job = match wire::decode_job(&view, Context::Work, &shared.cfg.limits) {
-        Ok(job) => job,
-        Err(e) => {
-            warn!(topic = m.topic(), partition = tp.1, offset, reason = %e, "work record dead-lettered");
-            let dead = DeadLetter {
-                reason: e.to_string(),
-                origin_topic: m.topic().to_string(),
-                origin_partition: tp.1,
-                origin_offset: offset,
-            };
-            let rec =
-                wire::dead_letter_record(&view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
-            if write_until_done(shared, None, || kafka::send(&shared.raw, &rec, None)) {
-                shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                finish_offset(shared, tp, offset, None);
-            }
-            return;
-        }
-    };
+/// Take a batch of records from the work topics: decode them outside the
+/// lock, then buffer the runnable ones and start what may start, under one
+/// lock for the whole batch.
+fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     let now = shared.clock.now();
     let tolerance = chrono::Duration::from_std(shared.cfg.worker.early_tolerance).unwrap_or_default();
-    if job.run_at > now + tolerance {
-        debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
-        let producer = shared.producer.clone();
-        let j = job.clone();
-        if write_until_done(shared, None, move || {
-            let producer = producer.clone();
-            let j = j.clone();
-            async move { producer.enqueue(j).await.map(|_| ()) }
-        }) {
-            shared.stats.handed_to_scheduler.fetch_add(1, Ordering::Relaxed);
-            finish_offset(shared, tp, offset, None);
+    let mut runnable: Vec<Entry> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let Some(tp) = shared.tp(m.topic(), m.partition()) else {
+            continue;
+        };
+        let offset = m.offset();
+        let view = RecordView::from_message(m);
+        match wire::decode_job(&view, Context::Work, &shared.cfg.limits) {
+            Ok(job) if job.run_at <= now + tolerance => runnable.push(Entry { job, tp, offset }),
+            Ok(job) => hand_to_scheduler(shared, job, tp, offset),
+            Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
+    }
+    let mut st = shared.state();
+    for e in runnable {
+        if st.owned.contains_key(&e.tp) {
+            st.tracker.read(e.tp, e.offset);
+            st.table.push(e);
+        }
+    }
+    start_ready(shared, &mut st);
+}
+
+/// A record that does not decode goes to the dead-letter topic with the reason.
+fn dead_letter_record(
+    shared: &Shared,
+    m: &BorrowedMessage<'_>,
+    view: &RecordView<'_>,
+    e: &wire::DecodeError,
+    tp: Tp,
+) {
+    let offset = m.offset();
+    if !begin(shared, tp, offset) {
         return;
     }
-    shared.state().table.push(Entry { job, tp, offset });
-    pump(shared);
+    warn!(topic = m.topic(), partition = tp.1, offset, reason = %e, "work record dead-lettered");
+    let dead = DeadLetter {
+        reason: e.to_string(),
+        origin_topic: m.topic().to_string(),
+        origin_partition: tp.1,
+        origin_offset: offset,
+    };
+    let rec = wire::dead_letter_record(view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
+    if write_until_done(shared, None, || kafka::send(&shared.raw, &rec, None)) {
+        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        finish_offset(shared, tp, offset, None);
+    }
+}
+
+/// A job read before its run-at goes back to the scheduler.
+fn hand_to_scheduler(shared: &Shared, job: Job, tp: Tp, offset: i64) {
+    if !begin(shared, tp, offset) {
+        return;
+    }
+    debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
+    let producer = shared.producer.clone();
+    if write_until_done(shared, None, move || {
+        let producer = producer.clone();
+        let j = job.clone();
+        async move { producer.enqueue(j).await.map(|_| ()) }
+    }) {
+        shared.stats.handed_to_scheduler.fetch_add(1, Ordering::Relaxed);
+        finish_offset(shared, tp, offset, None);
+    }
+}
+
+/// Note a record as read and unfinished, if its partition is owned.
+fn begin(shared: &Shared, tp: Tp, offset: i64) -> bool {
+    let mut st = shared.state();
+    if !st.owned.contains_key(&tp) {
+        return false;
+    }
+    st.tracker.read(tp, offset);
+    true
 }
 
 /// Retry a write until it succeeds; false if the worker stopped first (the
@@ -550,7 +593,10 @@ where
 /// Mark a record finished; if it belongs to the current ownership of its
 /// partition, its commit point may advance.
 fn finish_offset(shared: &Shared, tp: Tp, offset: i64, generation: Option<u64>) {
-    let mut st = shared.state();
+    finish_in(&mut shared.state(), tp, offset, generation);
+}
+
+fn finish_in(st: &mut State, tp: Tp, offset: i64, generation: Option<u64>) {
     let current = st.owned.get(&tp).map(|o| o.generation);
     if current.is_none() || (generation.is_some() && generation != current) {
         return;
@@ -561,8 +607,7 @@ fn finish_offset(shared: &Shared, tp: Tp, offset: i64, generation: Option<u64>) 
 }
 
 /// Start as many ready jobs as free slots allow.
-fn pump(shared: &Arc<Shared>) {
-    let mut st = shared.state();
+fn start_ready(shared: &Arc<Shared>, st: &mut State) {
     while st.table.running() < shared.concurrency {
         let Some(entry) = st.table.next_ready() else { break };
         let Some(owned) = st.owned.get(&entry.tp) else {
@@ -628,12 +673,12 @@ async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, g
         if let Some(n) = st.in_flight.get_mut(&tp) {
             *n = n.saturating_sub(1);
         }
-    }
-    if settled {
-        finish_offset(&shared, tp, offset, Some(generation));
+        if settled {
+            finish_in(&mut st, tp, offset, Some(generation));
+        }
+        start_ready(&shared, &mut st);
     }
     shared.finished.notify_all();
-    pump(&shared);
 }
 
 /// Carry out an outcome; true once its effects are acknowledged by Kafka.
