@@ -20,10 +20,16 @@ use crate::wire::OwnedRecord;
 /// Settings shared by every client: bootstrap servers, a client id, and the
 /// `[kafka.client]` map.
 pub fn base_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
+    let mut c = connection(cfg, client_id);
+    apply(&mut c, cfg.client.iter());
+    c
+}
+
+/// Where to connect and who we are; every client starts from this.
+fn connection(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers);
     c.set("client.id", client_id);
-    apply(&mut c, cfg.client.iter());
     c
 }
 
@@ -38,9 +44,7 @@ fn apply<'a>(c: &mut ClientConfig, map: impl Iterator<Item = (&'a String, &'a Pa
 /// client's partitioner (murmur2) so that a key lands on the same partition
 /// whichever client wrote it.
 pub fn producer_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.brokers);
-    c.set("client.id", client_id);
+    let mut c = connection(cfg, client_id);
     c.set("enable.idempotence", "true");
     c.set("acks", "all");
     c.set("partitioner", "murmur2_random");
@@ -59,9 +63,7 @@ pub fn producer_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
 /// and committed in the background; cooperative-sticky assignment so that a
 /// rebalance moves only the partitions that must move.
 pub fn consumer_config(cfg: &KafkaConfig, group: &str, client_id: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.brokers);
-    c.set("client.id", client_id);
+    let mut c = connection(cfg, client_id);
     c.set("group.id", group);
     c.set("enable.auto.commit", "true");
     c.set("auto.commit.interval.ms", "1000");
