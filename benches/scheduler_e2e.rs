@@ -1,0 +1,736 @@
+//! End to end through a real broker (nisshi, as in the integration tests):
+//! the scheduler's throughput and its lateness, each against the broker's
+//! raw pipe measured in the same run.
+//!
+//! ```text
+//! cargo bench --bench scheduler_e2e                 # N = 100,000; 10,000 jobs/s for 10 s
+//! cargo bench --bench scheduler_e2e -- 20000        # N = 20,000
+//! KAIROS_BENCH_RATE=5000 KAIROS_BENCH_SECS=5 cargo bench --bench scheduler_e2e   # one rate
+//! KAIROS_BENCH_RATE=10000,7500,5000 cargo bench --bench scheduler_e2e          # a ladder
+//! KAIROS_BENCH_ONLY=throughput cargo bench --bench scheduler_e2e   # or `lateness`
+//! ```
+//!
+//! **(a) Throughput.** N past-due jobs (36-char key, 100-byte payload,
+//! headers `kairos-run-at` = a past epoch-ms, `kairos-topic` = the work topic)
+//! are written to the schedule topic with as many writes in flight as
+//! librdkafka queues, while a scheduler runs in this process (default
+//! scheduler settings, its own sled store under /tmp). A consumer counts the
+//! records arriving on the work topic. Fired jobs/s = N / (first write → N-th
+//! record consumed). Baseline: the same producer (Kairos's producer settings:
+//! idempotent, acks=all, linger 5 ms) writes N identical records to a topic
+//! of the same shape and the same kind of consumer reads them back: the
+//! broker's raw pipe. Rounds alternate raw, kairos (`KAIROS_BENCH_ROUNDS`, 2).
+//!
+//! **(b) Lateness.** Jobs due at a steady rate (10,000 per second) for
+//! `KAIROS_BENCH_SECS` (10), run-ats spread evenly, each written
+//! 2 s before its run-at. Lateness = the time a consumer receives the fired
+//! record − run-at (also reported: the fired record's CreateTime, stamped by
+//! the scheduler's producer when it fires, − run-at). Baseline: the raw
+//! pipe's latency at the same rate, each record written at its "run-at" to a
+//! plain topic: the floor any scheduler on this broker and producer sees.
+//! When 10,000/s is not sustained (a job fires over 1 s late: a backlog is
+//! building), the next lower rate of `KAIROS_BENCH_RATE` (default
+//! 10000,5000,2500,1000) is tried, until one is.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::Broker;
+use kairos::scheduler::Scheduler;
+use kairos::wire::{self, header};
+use kairos::Config;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+const PAYLOAD_BYTES: usize = 100;
+/// Written this long before the run-at in the lateness run.
+const LEAD_MS: i64 = 2000;
+const TARGET_THROUGHPUT_RATIO: f64 = 0.5;
+const TARGET_P99_MS: f64 = 10.0;
+/// A rate is sustained when no job fires later than this (no backlog builds).
+const SUSTAINED_MAX_MS: f64 = 1000.0;
+
+// ------------------------------------------------------------------ settings
+
+/// N from the first numeric argument (`cargo bench --bench scheduler_e2e -- 20000`,
+/// underscores allowed), else `$KAIROS_BENCH_N`, else `default`.
+fn job_count(default: u64) -> u64 {
+    let parse = |s: &str| s.replace('_', "").parse::<u64>().ok();
+    std::env::args()
+        .skip(1)
+        .find_map(|a| parse(&a))
+        .or_else(|| std::env::var("KAIROS_BENCH_N").ok().and_then(|v| parse(&v)))
+        .unwrap_or(default)
+        .max(1)
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros() as i64
+}
+
+fn now_ms() -> i64 {
+    now_us() / 1000
+}
+
+fn pass(ok: bool) -> &'static str {
+    if ok {
+        "MET"
+    } else {
+        "NOT MET"
+    }
+}
+
+// ------------------------------------------------------------------ records
+
+/// Keys and payloads, made before the clock starts.
+struct Bodies {
+    keys: Vec<String>,
+    payloads: Vec<Vec<u8>>,
+}
+
+impl Bodies {
+    fn new(n: usize, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let keys = (0..n)
+            .map(|_| {
+                let mut b = [0u8; 16];
+                rng.fill_bytes(&mut b);
+                uuid::Builder::from_random_bytes(b)
+                    .into_uuid()
+                    .hyphenated()
+                    .to_string()
+            })
+            .collect();
+        // A few distinct payloads are enough; every record carries 100 bytes.
+        let payloads = (0..64)
+            .map(|_| {
+                let mut p = vec![0u8; PAYLOAD_BYTES];
+                rng.fill_bytes(&mut p);
+                p
+            })
+            .collect();
+        Bodies { keys, payloads }
+    }
+}
+
+/// Sends records to one topic with many in flight; a full librdkafka queue
+/// waits for the oldest delivery. Remembers every delivery to check at the end.
+struct Writer {
+    producer: FutureProducer,
+    topic: String,
+    work_topic: String,
+    in_flight: VecDeque<DeliveryFuture>,
+    failed: u64,
+}
+
+impl Writer {
+    fn new(cfg: &Config, topic: &str) -> Self {
+        let mut c = kairos::kafka::producer_config(&cfg.kafka, "kairos-bench-writer");
+        c.set("queue.buffering.max.messages", "200000");
+        let producer: FutureProducer = c.create().expect("bench producer");
+        // Warm up before any clock starts: connection, producer id (one record
+        // to the dead-letter topic, which nothing here reads) and the
+        // destination's metadata.
+        let warm = FutureRecord::<str, str>::to(&cfg.topics.dead_letter)
+            .key("warm-up")
+            .payload("");
+        futures::executor::block_on(producer.send(warm, Duration::from_secs(10))).expect("warm-up write");
+        producer
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        Writer {
+            producer,
+            topic: topic.to_string(),
+            work_topic: cfg.topics.work[0].clone(),
+            in_flight: VecDeque::new(),
+            failed: 0,
+        }
+    }
+
+    /// Write one job record: `kairos-run-at` and `kairos-topic` as any client would.
+    fn send(&mut self, key: &str, payload: &[u8], run_at_ms: i64) {
+        let run_at = run_at_ms.to_string();
+        let headers = OwnedHeaders::new_with_capacity(2)
+            .insert(Header {
+                key: header::RUN_AT,
+                value: Some(run_at.as_bytes()),
+            })
+            .insert(Header {
+                key: header::TOPIC,
+                value: Some(self.work_topic.as_bytes()),
+            });
+        let mut rec = FutureRecord::to(&self.topic)
+            .key(key)
+            .payload(payload)
+            .headers(headers);
+        loop {
+            match self.producer.send_result(rec) {
+                Ok(f) => {
+                    self.in_flight.push_back(f);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    rec = back;
+                    match self.in_flight.pop_front() {
+                        Some(f) => self.failed += settle(f),
+                        None => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+                Err((e, _)) => panic!("produce to {}: {e}", self.topic),
+            }
+        }
+        // Keep the bookkeeping small: settle deliveries that are done.
+        while self.in_flight.len() > 100_000 {
+            let f = self.in_flight.pop_front().expect("non-empty");
+            self.failed += settle(f);
+        }
+    }
+
+    /// Wait for every delivery; returns the number that failed.
+    fn finish(mut self) -> u64 {
+        while let Some(f) = self.in_flight.pop_front() {
+            self.failed += settle(f);
+        }
+        self.failed
+    }
+}
+
+/// Wait for one delivery: 0 if it succeeded, 1 if not.
+fn settle(f: DeliveryFuture) -> u64 {
+    match futures::executor::block_on(f) {
+        Ok(Ok(_)) => 0,
+        _ => 1,
+    }
+}
+
+// ------------------------------------------------------------------ reading
+
+/// One record as the reader saw it.
+#[derive(Clone, Copy)]
+struct Seen {
+    /// When the reader got it, µs since the epoch.
+    at_us: i64,
+    /// Its `kairos-run-at`, ms since the epoch.
+    run_at_ms: i64,
+    /// Its CreateTime, ms since the epoch.
+    created_ms: i64,
+    /// A hash of its `kairos-id` (for counting duplicates), 0 if none.
+    id: u128,
+}
+
+/// A consumer reading every partition of `topic` from the start on its own
+/// thread until it has `target` records or `deadline` passes.
+struct Reader {
+    ready: mpsc::Receiver<()>,
+    done: JoinHandle<Vec<Seen>>,
+}
+
+fn reader(brokers: &str, topic: &str, target: usize, deadline: Instant) -> Reader {
+    let (tx, rx) = mpsc::channel();
+    let brokers = brokers.to_string();
+    let topic = topic.to_string();
+    let done = std::thread::spawn(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", common::unique("bench-reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .expect("reader");
+        let md = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .expect("metadata");
+        let mut tpl = TopicPartitionList::new();
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
+                .expect("partition");
+            // Connect to the partition's leader before the clock starts.
+            consumer
+                .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
+                .expect("watermarks");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let warm = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < warm {
+            if let Some(m) = consumer.poll(Duration::from_millis(20)) {
+                panic!("{topic} is not empty at start: {:?}", m.map(|m| m.offset()));
+            }
+        }
+        let _ = tx.send(());
+        let mut out = Vec::with_capacity(target);
+        while out.len() < target && Instant::now() < deadline {
+            let Some(m) = consumer.poll(Duration::from_millis(20)) else {
+                continue;
+            };
+            let at_us = now_us();
+            let m = m.expect("consume");
+            let mut run_at_ms = 0;
+            let mut id = 0u128;
+            if let Some(hs) = m.headers() {
+                for h in hs.iter() {
+                    let Some(v) = h.value else { continue };
+                    if h.key == header::RUN_AT {
+                        let text = std::str::from_utf8(v).expect("utf-8 run-at");
+                        run_at_ms = wire::parse_time(text).expect("run-at").timestamp_millis();
+                    } else if h.key == header::ID {
+                        id = std::str::from_utf8(v)
+                            .ok()
+                            .and_then(|s| s.parse::<kairos::JobId>().ok())
+                            .map(|j| j.uuid().as_u128())
+                            .unwrap_or(0);
+                    }
+                }
+            }
+            out.push(Seen {
+                at_us,
+                run_at_ms,
+                created_ms: m.timestamp().to_millis().unwrap_or(0),
+                id,
+            });
+        }
+        out
+    });
+    Reader { ready: rx, done }
+}
+
+impl Reader {
+    fn wait_ready(&self) {
+        self.ready
+            .recv_timeout(Duration::from_secs(30))
+            .expect("reader ready");
+    }
+
+    /// Wait until it has every record or its deadline passed.
+    fn finish(self) -> Vec<Seen> {
+        self.done.join().expect("reader thread")
+    }
+}
+
+// ------------------------------------------------------------------ scheduler
+
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
+    handle: kairos::scheduler::service::SchedulerHandle,
+    _dir: tempfile::TempDir,
+}
+
+/// Topics created and a scheduler running in this process, owning every
+/// schedule partition.
+fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker) -> (Config, Running) {
+    let dir = tempfile::Builder::new()
+        .prefix("kairos-bench-e2e-")
+        .tempdir_in(std::env::var_os("KAIROS_BENCH_DIR").unwrap_or_else(|| "/tmp".into()))
+        .expect("temp dir");
+    let mut cfg = broker.config();
+    cfg.scheduler.data_dir = dir.path().join("store");
+    cfg.scheduler.group_id = common::unique("bench-sched");
+    rt.block_on(kairos::topics::init(&cfg)).expect("topics");
+    let s = Scheduler::new(&cfg, kairos::clock::system()).expect("scheduler");
+    let handle = s.handle();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(s.run(async {
+        let _ = rx.await;
+    }));
+    let n = cfg.topics.schedule_partitions as usize;
+    common::wait_for("scheduler to own its partitions", Duration::from_secs(60), || {
+        (handle.status().owned.len() == n).then_some(())
+    });
+    (
+        cfg,
+        Running {
+            stop: Some(tx),
+            task,
+            handle,
+            _dir: dir,
+        },
+    )
+}
+
+impl Running {
+    fn stop(mut self, rt: &tokio::runtime::Runtime) {
+        let _ = self.stop.take().expect("once").send(());
+        rt.block_on(self.task)
+            .expect("scheduler task")
+            .expect("scheduler ran cleanly");
+    }
+}
+
+/// A plain topic shaped like the work topic (same partitions), for the raw pipe.
+fn raw_topic(rt: &tokio::runtime::Runtime, broker: &Broker) -> (Config, String) {
+    let cfg = broker.config();
+    rt.block_on(kairos::topics::init(&cfg)).expect("topics");
+    let t = cfg.topics.work[0].clone();
+    (cfg, t)
+}
+
+// ------------------------------------------------------------------ (a) throughput
+
+struct Throughput {
+    secs: f64,
+    /// First write → every write acknowledged.
+    written_secs: f64,
+    /// First write → every job ingested (kairos only).
+    ingested_secs: Option<f64>,
+    duplicates: usize,
+}
+
+impl Throughput {
+    fn rate(&self, n: u64) -> f64 {
+        n as f64 / self.secs
+    }
+}
+
+fn throughput_raw(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
+    let n = bodies.keys.len();
+    let (cfg, topic) = raw_topic(rt, broker);
+    let r = reader(
+        &cfg.kafka.brokers,
+        &topic,
+        n,
+        Instant::now() + Duration::from_secs(600),
+    );
+    r.wait_ready();
+    let mut w = Writer::new(&cfg, &topic);
+    let run_at = now_ms() - 1000;
+    let t0 = now_us();
+    for (i, k) in bodies.keys.iter().enumerate() {
+        w.send(k, &bodies.payloads[i % bodies.payloads.len()], run_at);
+    }
+    let failed = w.finish();
+    let written = now_us();
+    assert_eq!(failed, 0, "raw writes failed");
+    let seen = r.finish();
+    assert_eq!(seen.len(), n, "raw records read back");
+    let last = seen.iter().map(|s| s.at_us).max().expect("records");
+    Throughput {
+        secs: (last - t0) as f64 / 1e6,
+        written_secs: (written - t0) as f64 / 1e6,
+        ingested_secs: None,
+        duplicates: 0,
+    }
+}
+
+fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
+    let n = bodies.keys.len();
+    let (cfg, running) = start_scheduler(rt, broker);
+    let work = cfg.topics.work[0].clone();
+    let r = reader(
+        &cfg.kafka.brokers,
+        &work,
+        n,
+        Instant::now() + Duration::from_secs(600),
+    );
+    r.wait_ready();
+    // Watch ingest progress from another thread while this one writes.
+    let handle = running.handle.clone();
+    let watch_stop = Arc::new(AtomicBool::new(false));
+    let ws = watch_stop.clone();
+    let mut w = Writer::new(&cfg, &cfg.topics.schedule);
+    let t0 = now_us();
+    let watcher = std::thread::spawn(move || {
+        while !ws.load(Ordering::Relaxed) {
+            if handle.status().ingested >= n as u64 {
+                return Some(now_us());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    });
+    let run_at = now_ms() - 1000;
+    for (i, k) in bodies.keys.iter().enumerate() {
+        w.send(k, &bodies.payloads[i % bodies.payloads.len()], run_at);
+    }
+    let failed = w.finish();
+    let written = now_us();
+    assert_eq!(failed, 0, "schedule writes failed");
+    let seen = r.finish();
+    let ingested = {
+        watch_stop.store(true, Ordering::Relaxed);
+        watcher.join().expect("watcher")
+    };
+    assert!(
+        seen.len() >= n,
+        "only {} of {n} jobs fired within the deadline; status {:?}",
+        seen.len(),
+        running.handle.status()
+    );
+    let last = seen.iter().map(|s| s.at_us).max().expect("records");
+    let ids: HashSet<u128> = seen.iter().map(|s| s.id).collect();
+    let st = running.handle.status();
+    running.stop(rt);
+    eprintln!("  kairos status after: {st:?}");
+    Throughput {
+        secs: (last - t0) as f64 / 1e6,
+        written_secs: (written - t0) as f64 / 1e6,
+        ingested_secs: ingested.map(|t| (t - t0) as f64 / 1e6),
+        duplicates: seen.len() - ids.len(),
+    }
+}
+
+// ------------------------------------------------------------------ (b) lateness
+
+struct Lateness {
+    /// Consume time − run-at, ms, sorted.
+    consumed: Vec<f64>,
+    /// CreateTime − run-at, ms, sorted.
+    created: Vec<f64>,
+    /// Records expected, records seen.
+    expected: usize,
+    /// Worst delay of a write behind its planned time, ms.
+    write_lag_max_ms: i64,
+    /// Writes per second achieved over the writing phase.
+    write_rate: f64,
+    /// Fires (records consumed) per second between the first and last run-at.
+    fire_rate: f64,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Write `bodies` to `topic` at `rate`/s, record i with run-at `t0 + i/rate`,
+/// written `lead_ms` before it; read `read_topic` back.
+fn paced(cfg: &Config, topic: &str, read_topic: &str, bodies: &Bodies, rate: u64, lead_ms: i64) -> Lateness {
+    let n = bodies.keys.len();
+    let span_ms = (n as u64 * 1000) / rate;
+    let deadline = Instant::now() + Duration::from_millis(span_ms + lead_ms as u64 + 60_000);
+    let r = reader(&cfg.kafka.brokers, read_topic, n, deadline);
+    r.wait_ready();
+    let mut w = Writer::new(cfg, topic);
+    let first_run_at = now_ms() + lead_ms + 200;
+    let run_at = |i: usize| first_run_at + (i as i64 * 1000) / rate as i64;
+    let mut i = 0;
+    let mut lag_max = 0i64;
+    let started = (first_run_at - lead_ms) * 1000;
+    while i < n {
+        let now = now_ms();
+        while i < n && run_at(i) - lead_ms <= now {
+            lag_max = lag_max.max(now_ms() - (run_at(i) - lead_ms));
+            w.send(
+                &bodies.keys[i],
+                &bodies.payloads[i % bodies.payloads.len()],
+                run_at(i),
+            );
+            i += 1;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let write_secs = (now_us() - started) as f64 / 1e6;
+    let failed = w.finish();
+    assert_eq!(failed, 0, "writes failed");
+    let seen = r.finish();
+    if let Ok(path) = std::env::var("KAIROS_BENCH_DUMP") {
+        let text: String = seen
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} {}\n",
+                    s.run_at_ms - first_run_at,
+                    s.at_us - s.run_at_ms * 1000,
+                    s.created_ms - s.run_at_ms
+                )
+            })
+            .collect();
+        std::fs::write(format!("{path}.{read_topic}"), text).expect("dump");
+    }
+    let mut consumed: Vec<f64> = seen
+        .iter()
+        .map(|s| (s.at_us - s.run_at_ms * 1000) as f64 / 1000.0)
+        .collect();
+    let mut created: Vec<f64> = seen.iter().map(|s| (s.created_ms - s.run_at_ms) as f64).collect();
+    consumed.sort_by(f64::total_cmp);
+    created.sort_by(f64::total_cmp);
+    let last_seen = seen.iter().map(|s| s.at_us).max().unwrap_or(0);
+    let fire_span = (last_seen - first_run_at * 1000) as f64 / 1e6;
+    Lateness {
+        expected: n,
+        write_lag_max_ms: lag_max,
+        write_rate: n as f64 / write_secs,
+        fire_rate: seen.len() as f64 / fire_span.max(1e-3),
+        consumed,
+        created,
+    }
+}
+
+fn report_lateness(name: &str, l: &Lateness) {
+    let c = &l.consumed;
+    println!(
+        "  {name:<7} seen {}/{}  consume−run-at ms: p50 {:.1}  p99 {:.1}  max {:.1}  | CreateTime−run-at ms: p50 {:.0}  p99 {:.0}  max {:.0}",
+        c.len(),
+        l.expected,
+        pct(c, 0.5),
+        pct(c, 0.99),
+        c.last().copied().unwrap_or(f64::NAN),
+        pct(&l.created, 0.5),
+        pct(&l.created, 0.99),
+        l.created.last().copied().unwrap_or(f64::NAN),
+    );
+    println!(
+        "          writes {:.0}/s (worst write {} ms behind plan), fires/reads {:.0}/s, early (<0 ms): {}",
+        l.write_rate,
+        l.write_lag_max_ms,
+        l.fire_rate,
+        c.iter().filter(|x| **x < 0.0).count()
+    );
+}
+
+// ------------------------------------------------------------------ main
+
+fn main() {
+    if let Ok(filter) = std::env::var("KAIROS_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let n = job_count(100_000);
+    // The lateness rates to try, highest first, until one is sustained.
+    let rates: Vec<u64> = match std::env::var("KAIROS_BENCH_RATE") {
+        Ok(r) => r
+            .split(',')
+            .filter_map(|x| x.trim().replace('_', "").parse().ok())
+            .filter(|r| *r > 0)
+            .collect(),
+        Err(_) => vec![10_000, 5_000, 2_500, 1_000],
+    };
+    let secs = env_u64("KAIROS_BENCH_SECS", 10).max(1);
+    let rounds = env_u64("KAIROS_BENCH_ROUNDS", 2).max(1);
+    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let broker = Broker::start();
+    println!(
+        "scheduler_e2e: broker nisshi on {}, {} cores, {PAYLOAD_BYTES}-byte payloads, 36-char keys, \
+         3 schedule / 3 work partitions, default scheduler settings",
+        broker.bootstrap(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+
+    let mut summary: Vec<String> = Vec::new();
+    if only.is_empty() || only == "throughput" {
+        println!("(a) throughput: N = {n} past-due jobs, {rounds} round(s) of raw then kairos");
+        let bodies = Bodies::new(n as usize, 0x6b61_6972_6f73);
+        let mut ratios = Vec::new();
+        let mut raws = Vec::new();
+        let mut kai = Vec::new();
+        for round in 1..=rounds {
+            let raw = throughput_raw(&rt, &broker, &bodies);
+            println!(
+                "  round {round} raw    {:>9.0} records/s  ({:.2} s; writes acked at {:.2} s)",
+                raw.rate(n),
+                raw.secs,
+                raw.written_secs
+            );
+            let k = throughput_kairos(&rt, &broker, &bodies);
+            println!(
+                "  round {round} kairos {:>9.0} fired/s    ({:.2} s; writes acked at {:.2} s, all ingested at {}, {} duplicates)",
+                k.rate(n),
+                k.secs,
+                k.written_secs,
+                k.ingested_secs.map_or("?".into(), |s| format!("{s:.2} s")),
+                k.duplicates
+            );
+            ratios.push(k.rate(n) / raw.rate(n));
+            raws.push(raw.rate(n));
+            kai.push(k.rate(n));
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let ratio = mean(&ratios);
+        let line = format!(
+            "throughput ratio kairos/raw = {ratio:.2} (per round {}; kairos {:.0} fired/s vs raw {:.0} records/s, means) — target ≥ {TARGET_THROUGHPUT_RATIO}: {}",
+            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            mean(&kai),
+            mean(&raws),
+            pass(ratio >= TARGET_THROUGHPUT_RATIO)
+        );
+        println!("  {line}");
+        summary.push(line);
+    }
+    if only.is_empty() || only == "lateness" {
+        for (k, rate) in rates.iter().copied().enumerate() {
+            let total = (rate * secs) as usize;
+            println!(
+                "(b) lateness: {rate} due jobs/s for {secs} s ({total} jobs), each written {LEAD_MS} ms before its run-at"
+            );
+            let bodies = Bodies::new(total, 0x6c61_7465);
+            let (raw_cfg, raw_t) = raw_topic(&rt, &broker);
+            let raw = paced(&raw_cfg, &raw_t, &raw_t, &bodies, rate, 0);
+            report_lateness("raw", &raw);
+            let (cfg, running) = start_scheduler(&rt, &broker);
+            let kl = paced(
+                &cfg,
+                &cfg.topics.schedule,
+                &cfg.topics.work[0],
+                &bodies,
+                rate,
+                LEAD_MS,
+            );
+            let st = running.handle.status();
+            running.stop(&rt);
+            report_lateness("kairos", &kl);
+            eprintln!("  kairos status after: {st:?}");
+            let p99 = pct(&kl.consumed, 0.99);
+            let raw_p99 = pct(&raw.consumed, 0.99);
+            let max = kl.consumed.last().copied().unwrap_or(f64::NAN);
+            let complete = kl.consumed.len() >= kl.expected;
+            let sustained = complete && max <= SUSTAINED_MAX_MS;
+            let line = format!(
+                "lateness at {rate}/s: p99 ratio kairos/raw = {:.2} (kairos p50 {:.1} / p99 {p99:.1} / max {max:.1} ms; \
+                 raw pipe p50 {:.1} / p99 {raw_p99:.1} / max {:.1} ms); {} of {} fired; writes {:.0}/s, fires {:.0}/s; \
+                 sustained (no backlog, max ≤ {SUSTAINED_MAX_MS} ms): {} — target p99 ≤ {TARGET_P99_MS} ms{}: {}",
+                p99 / raw_p99,
+                pct(&kl.consumed, 0.5),
+                pct(&raw.consumed, 0.5),
+                raw.consumed.last().copied().unwrap_or(f64::NAN),
+                kl.consumed.len(),
+                kl.expected,
+                kl.write_rate,
+                kl.fire_rate,
+                if sustained { "yes" } else { "no" },
+                if k == 0 { "" } else { " (target is at 10,000/s)" },
+                pass(complete && p99 <= TARGET_P99_MS && rate >= 10_000)
+            );
+            println!("  {line}");
+            summary.push(line);
+            if sustained {
+                break;
+            }
+        }
+    }
+    println!("summary:");
+    for l in &summary {
+        println!("  {l}");
+    }
+}
