@@ -136,6 +136,10 @@ async fn blocking<T: Send + 'static>(
 #[derive(Clone)]
 pub struct TopicCheck {
     client: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
+    /// Look-ups wait here in arrival order (tokio's mutex is fair), so that
+    /// writes started in some order, waiting for the same look-up, still
+    /// reach librdkafka in that order (per-key order of concurrent enqueues).
+    lookup: std::sync::Arc<tokio::sync::Mutex<()>>,
     known: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
     timeout: std::time::Duration,
 }
@@ -151,6 +155,7 @@ impl TopicCheck {
             .create()?;
         Ok(TopicCheck {
             client: std::sync::Arc::new(client),
+            lookup: Default::default(),
             known: Default::default(),
             timeout: cfg.produce_timeout,
         })
@@ -159,11 +164,12 @@ impl TopicCheck {
     /// Whether `topic` exists. Errors only when the cluster cannot be asked.
     pub async fn exists(&self, topic: &str) -> Result<bool, KafkaError> {
         use rdkafka::consumer::Consumer as _;
-        {
-            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            if known.get(topic).is_some_and(|t| t.elapsed() < Self::TRUST) {
-                return Ok(true);
-            }
+        if self.known_now(topic) {
+            return Ok(true);
+        }
+        let _turn = self.lookup.lock().await;
+        if self.known_now(topic) {
+            return Ok(true); // looked up by the caller before us
         }
         let client = self.client.clone();
         let name = topic.to_string();
@@ -181,6 +187,13 @@ impl TopicCheck {
             known.insert(topic.to_string(), std::time::Instant::now());
         }
         Ok(exists)
+    }
+}
+
+impl TopicCheck {
+    fn known_now(&self, topic: &str) -> bool {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(topic).is_some_and(|t| t.elapsed() < Self::TRUST)
     }
 }
 

@@ -396,3 +396,26 @@ async fn the_producer_refuses_jobs_a_consumer_would_dead_letter() {
     assert_eq!(common::record_count(&cfg.kafka.brokers, &work), 0);
     assert_eq!(common::record_count(&cfg.kafka.brokers, &cfg.topics.schedule), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_of_one_key_reach_the_work_topic_in_call_order() {
+    let (_broker, cfg) = setup().await;
+    let work = cfg.topics.work[0].clone();
+    // A fresh producer: its topic check has nothing cached, so every write
+    // below waits for the first look-up; they must still go out in order.
+    let producer = Producer::new(&cfg).unwrap();
+    let jobs: Vec<Job> = (0..50)
+        .map(|i| Job::new(&work, "one-key", format!("{i}").into_bytes()))
+        .collect();
+    let writes = jobs
+        .iter()
+        .map(|j| std::future::IntoFuture::into_future(producer.enqueue(j.clone())));
+    for r in futures::future::join_all(writes).await {
+        r.unwrap();
+    }
+    let got: Vec<JobId> = read_exactly(&cfg.kafka.brokers, &work, 50, T)
+        .iter()
+        .map(|m| decode_job(m, Context::Work).id)
+        .collect();
+    assert_eq!(got, jobs.iter().map(|j| j.id).collect::<Vec<_>>());
+}
