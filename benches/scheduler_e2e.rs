@@ -34,6 +34,9 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
+
+use support::job_count;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,12 +50,11 @@ use kairos::wire::{self, header};
 use kairos::Config;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 
 const PAYLOAD_BYTES: usize = 100;
 /// Written this long before the run-at in the lateness run.
@@ -63,18 +65,6 @@ const TARGET_P99_MS: f64 = 10.0;
 const SUSTAINED_MAX_MS: f64 = 1000.0;
 
 // ------------------------------------------------------------------ settings
-
-/// N from the first numeric argument (`cargo bench --bench scheduler_e2e -- 20000`,
-/// underscores allowed), else `$KAIROS_BENCH_N`, else `default`.
-fn job_count(default: u64) -> u64 {
-    let parse = |s: &str| s.replace('_', "").parse::<u64>().ok();
-    std::env::args()
-        .skip(1)
-        .find_map(|a| parse(&a))
-        .or_else(|| std::env::var("KAIROS_BENCH_N").ok().and_then(|v| parse(&v)))
-        .unwrap_or(default)
-        .max(1)
-}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -253,27 +243,17 @@ fn reader(brokers: &str, topic: &str, target: usize, deadline: Instant) -> Reade
     let brokers = brokers.to_string();
     let topic = topic.to_string();
     let done = std::thread::spawn(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", common::unique("bench-reader"))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .expect("reader");
-        let md = consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(10))
-            .expect("metadata");
-        let mut tpl = TopicPartitionList::new();
-        for p in md.topics()[0].partitions() {
-            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
-                .expect("partition");
+        let consumer = common::reader(
+            &brokers,
+            "bench-reader",
+            &[("enable.partition.eof", "false"), ("fetch.wait.max.ms", "10")],
+        );
+        for p in common::assign_from_start(&consumer, &topic) {
             // Connect to the partition's leader before the clock starts.
             consumer
-                .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
+                .fetch_watermarks(&topic, p, Duration::from_secs(10))
                 .expect("watermarks");
         }
-        consumer.assign(&tpl).expect("assign");
         let warm = Instant::now() + Duration::from_millis(300);
         while Instant::now() < warm {
             if let Some(m) = consumer.poll(Duration::from_millis(20)) {

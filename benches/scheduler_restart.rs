@@ -42,6 +42,9 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
+
+use support::{bench_dir, job_count};
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -64,7 +67,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 
 const PAYLOAD_BYTES: usize = 100;
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -78,31 +81,11 @@ const TARGET_SECS: f64 = 2.0;
 /// Longest wait for one start (a slow disk with 10M jobs included).
 const START_TIMEOUT: Duration = Duration::from_secs(900);
 
-fn job_count(default: u64) -> u64 {
-    let parse = |s: &str| s.replace('_', "").parse::<u64>().ok();
-    std::env::args()
-        .skip(1)
-        .find_map(|a| parse(&a))
-        .or_else(|| std::env::var("KAIROS_BENCH_N").ok().and_then(|v| parse(&v)))
-        .unwrap_or(default)
-}
-
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.replace('_', "").parse().ok())
         .unwrap_or(default)
-}
-
-fn bench_dir(prefix: &str) -> tempfile::TempDir {
-    let base = std::env::var_os("KAIROS_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    std::fs::create_dir_all(&base).expect("bench base dir");
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(base)
-        .expect("bench temp dir")
 }
 
 fn pass(ok: bool) -> &'static str {
@@ -243,22 +226,8 @@ fn watch(cfg: &Config) -> Watcher {
     let brokers = cfg.kafka.brokers.clone();
     let topic = cfg.topics.work[0].clone();
     let done = std::thread::spawn(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", common::unique("bench-watch"))
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .expect("watcher");
-        let md = consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(10))
-            .expect("metadata");
-        let mut tpl = TopicPartitionList::new();
-        for p in md.topics()[0].partitions() {
-            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
-                .expect("partition");
-        }
-        consumer.assign(&tpl).expect("assign");
+        let consumer = common::reader(&brokers, "bench-watch", &[("fetch.wait.max.ms", "10")]);
+        common::assign_from_start(&consumer, &topic);
         while !st.load(Ordering::Relaxed) {
             let Some(m) = consumer.poll(Duration::from_millis(20)) else {
                 continue;

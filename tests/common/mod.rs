@@ -236,25 +236,46 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// A consumer in a fresh group (named from `group_prefix`) that commits
+/// nothing, with extra librdkafka `settings`.
+pub fn reader(brokers: &str, group_prefix: &str, settings: &[(&str, &str)]) -> BaseConsumer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("group.id", unique(group_prefix))
+        .set("enable.auto.commit", "false");
+    for (k, v) in settings {
+        c.set(*k, *v);
+    }
+    c.create().expect("reader")
+}
+
+/// The partition ids of `topic`.
+pub fn partitions(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    md.topics()[0].partitions().iter().map(|p| p.id()).collect()
+}
+
+/// Assign every partition of `topic` to `consumer` from its beginning;
+/// returns the partition ids.
+pub fn assign_from_start(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
+    let ids = partitions(consumer, topic);
+    let mut tpl = TopicPartitionList::new();
+    for p in &ids {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)
+            .expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    ids
+}
+
 /// Read every partition of `topic` from the beginning until `n` records
 /// have arrived or `timeout` has passed; returns what arrived. Records keep
 /// offset order within each partition, interleaved across partitions.
 pub fn read_up_to(brokers: &str, topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("reader");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let mut tpl = TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = reader(brokers, "reader", &[]);
+    assign_from_start(&consumer, topic);
     let mut out = Vec::new();
     let deadline = Instant::now() + timeout;
     while out.len() < n && Instant::now() < deadline {
@@ -275,19 +296,12 @@ pub fn read_n(brokers: &str, topic: &str, n: usize, timeout: Duration) -> Vec<Ow
 /// Number of records in `topic` (sum over partitions of high minus low
 /// watermark), as the broker reports it now.
 pub fn record_count(brokers: &str, topic: &str) -> i64 {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("client");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    md.topics()[0]
-        .partitions()
-        .iter()
+    let consumer = reader(brokers, "counter", &[]);
+    partitions(&consumer, topic)
+        .into_iter()
         .map(|p| {
             let (lo, hi) = consumer
-                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
                 .expect("watermarks");
             hi - lo
         })
@@ -316,12 +330,9 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> i64 {
         .set("group.id", group)
         .create()
         .expect("client");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
     let mut tpl = TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition(topic, p.id());
+    for p in partitions(&consumer, topic) {
+        tpl.add_partition(topic, p);
     }
     let c = consumer
         .committed_offsets(tpl, Duration::from_secs(10))
