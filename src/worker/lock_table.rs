@@ -8,7 +8,10 @@
 //! memory is bounded by the jobs in flight and buffered, not by the number
 //! of keys ever seen (seed 000: billions of UUID keys).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+/// Keys come from the network: the hasher is seeded at random per table.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Something the table schedules: it belongs to a key and a partition.
 pub trait Keyed {
@@ -40,7 +43,7 @@ pub struct LockTable<T> {
 impl<T: Keyed> Default for LockTable<T> {
     fn default() -> Self {
         LockTable {
-            keys: HashMap::new(),
+            keys: HashMap::default(),
             ready: VecDeque::new(),
             buffered: 0,
             running: 0,
@@ -56,13 +59,16 @@ impl<T: Keyed> LockTable<T> {
 
     /// Buffer a job behind the other jobs of its key.
     pub fn push(&mut self, item: T) {
-        let key = item.key().to_vec();
-        let st = self.keys.entry(key.clone()).or_insert_with(|| KeyState {
-            running: false,
-            queue: VecDeque::new(),
-        });
+        if !self.keys.contains_key(item.key()) {
+            let state = KeyState {
+                running: false,
+                queue: VecDeque::new(),
+            };
+            self.keys.insert(item.key().to_vec(), state);
+        }
+        let st = self.keys.get_mut(item.key()).expect("inserted above");
         if !st.running && st.queue.is_empty() {
-            self.ready.push_back(key);
+            self.ready.push_back(item.key().to_vec());
         }
         st.queue.push_back(item);
         self.buffered += 1;
@@ -228,7 +234,7 @@ mod tests {
             let mut t = LockTable::new();
             let mut running: Vec<Item> = Vec::new();
             let mut next_n = 0u32;
-            let mut last_started: HashMap<Vec<u8>, u32> = HashMap::new();
+            let mut last_started: HashMap<Vec<u8>, u32> = HashMap::default();
             for (op, k) in ops {
                 match op {
                     0 => { t.push(item(&format!("k{k}"), next_n)); next_n += 1; }

@@ -7,7 +7,9 @@
 //! then re-delivers exactly the unfinished jobs (and some finished ones
 //! above the first unfinished one: those are the documented duplicates).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Per-partition offset bookkeeping.
 #[derive(Default)]

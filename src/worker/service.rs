@@ -1,22 +1,32 @@
-//! The running worker: a poll thread feeding the lock table, handler tasks
-//! on the tokio runtime, offsets committed only below the first unfinished
-//! job, and partitions drained before they are released.
+//! The running worker: a poll thread feeding the lock table, a few driver
+//! tasks on the tokio runtime running the handlers, offsets committed only
+//! below the first unfinished job, and partitions drained before they are
+//! released.
+//!
+//! Handlers are not spawned one task per job: each driver task holds the
+//! handler futures it runs in a `FuturesUnordered`, takes new jobs from the
+//! poll thread a batch at a time, and settles every job that finished in one
+//! wake-up under one lock, starting the next ones itself. There is one
+//! driver per runtime worker thread, so handlers still run on every core;
+//! a handler that computes for long without awaiting holds up the other
+//! handlers of its driver, so CPU-heavy work belongs in `spawn_blocking`.
 
-use std::collections::HashMap;
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::future::{Future, IntoFuture};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::clock::SharedClock;
 use crate::config::Config;
@@ -131,7 +141,15 @@ struct Shared {
     producer: Producer,
     /// Writes dead letters.
     raw: FutureProducer,
-    runtime: tokio::runtime::Handle,
+    /// Where the poll thread sends jobs to start, one channel per driver.
+    drivers: Vec<tokio::sync::mpsc::UnboundedSender<Vec<Start>>>,
+    /// The drivers' ends of those channels, taken when the worker runs.
+    driver_inboxes: Mutex<Vec<tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>>>,
+    /// Round-robin over the drivers.
+    next_driver: std::sync::atomic::AtomicUsize,
+    /// Whether a thread waits on `finished` (saves a wake-up syscall per
+    /// batch of finished jobs when nobody does).
+    waiters: std::sync::atomic::AtomicUsize,
     clock: SharedClock,
     backoff: Backoff,
     stop: CancellationToken,
@@ -141,6 +159,40 @@ struct Shared {
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until a handler finishes, or `timeout`.
+    fn wait_finished<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let st = self
+            .finished
+            .wait_timeout(st, timeout)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        st
+    }
+
+    /// Wake the threads waiting in [`Shared::wait_finished`], if any. Called
+    /// after the state lock is released; a waiter registers under the lock,
+    /// so it either sees the change or is counted here.
+    fn notify_finished(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.finished.notify_all();
+        }
+    }
+
+    /// Hand jobs started by the poll thread to a driver.
+    fn dispatch(&self, starts: Vec<Start>) {
+        if starts.is_empty() {
+            return;
+        }
+        let i = self.next_driver.fetch_add(1, Ordering::Relaxed) % self.drivers.len();
+        if let Err(unsent) = self.drivers[i].send(starts) {
+            // The drivers are gone only once the worker has stopped: the jobs
+            // stay unfinished and are re-delivered to the next owner.
+            debug!(jobs = unsent.0.len(), "worker stopped; jobs not started");
+        }
     }
 
     fn tp(&self, topic: &str, partition: i32) -> Option<Tp> {
@@ -228,6 +280,9 @@ impl WorkerBuilder {
         let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone())?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| WorkerError::Config("build the worker inside a tokio runtime".into()))?;
+        let (drivers, driver_inboxes) = (0..runtime.metrics().num_workers().max(1))
+            .map(|_| tokio::sync::mpsc::unbounded_channel())
+            .unzip();
         Ok(Worker {
             shared: Arc::new(Shared {
                 topics: w.topics.clone(),
@@ -242,7 +297,10 @@ impl WorkerBuilder {
                 finished: Condvar::new(),
                 producer,
                 raw,
-                runtime,
+                drivers,
+                driver_inboxes: Mutex::new(driver_inboxes),
+                next_driver: Default::default(),
+                waiters: Default::default(),
                 clock: self.clock,
                 stop: CancellationToken::new(),
                 stats: Stats::default(),
@@ -293,6 +351,14 @@ impl Worker {
     /// the revocation deadline), offsets are committed and the group is left.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let shared = self.shared;
+        let inboxes = std::mem::take(&mut *shared.driver_inboxes.lock().unwrap_or_else(|e| e.into_inner()));
+        if inboxes.is_empty() {
+            return Err(WorkerError::Fatal("the worker already ran".into()));
+        }
+        let halt = CancellationToken::new();
+        for inbox in inboxes {
+            tokio::spawn(drive(shared.clone(), inbox, halt.clone()));
+        }
         let poll_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("kairos-worker-poll".into())
@@ -307,7 +373,11 @@ impl Worker {
         let result = tokio::task::spawn_blocking(move || thread.join())
             .await
             .map_err(|e| WorkerError::Fatal(e.to_string()))?
-            .map_err(|_| WorkerError::Fatal("poll thread panicked".into()))?;
+            .map_err(|_| WorkerError::Fatal("poll thread panicked".into()));
+        // Every partition has been released. Handlers still running now are
+        // past the revocation deadline: their drivers end after them.
+        halt.cancel();
+        let result = result?;
         info!(stats = ?stats(&shared), "worker stopped");
         result
     }
@@ -381,11 +451,7 @@ fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) {
                 "handlers still running past the revocation deadline; releasing anyway (their jobs may run again elsewhere)");
             break;
         }
-        st = shared
-            .finished
-            .wait_timeout(st, left.min(Duration::from_millis(100)))
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
+        st = shared.wait_finished(st, left.min(Duration::from_millis(100)));
     }
     let mut tpl = TopicPartitionList::new();
     for tp in tps {
@@ -423,21 +489,26 @@ fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
     while !shared.stop.is_cancelled() {
         store_offsets(shared, &consumer);
-        // Back-pressure: with the buffer full, stop reading until a job
-        // finishes. Pausing the partitions instead would make librdkafka drop
-        // what it had fetched and stall for most of a second after the
-        // resume. librdkafka's own read-ahead is bounded by
-        // `queued.max.messages.kbytes`. One poll a second still serves
-        // rebalances (each may add one record beyond the bound).
+        // Back-pressure: with the buffer full, stop reading until it has
+        // drained to three quarters (reading again after every finished job
+        // would wake this thread once per job). Pausing the partitions
+        // instead would make librdkafka drop what it had fetched and stall
+        // for most of a second after the resume. librdkafka's own read-ahead
+        // is bounded by `queued.max.messages.kbytes`. One poll a second still
+        // serves rebalances (each may add one record beyond the bound).
         let mut polled_at_most = Duration::from_millis(50);
         {
             let mut st = shared.state();
             if st.table.buffered() >= max_buffered {
-                st = shared
-                    .finished
-                    .wait_timeout(st, Duration::from_secs(1))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                let resume_below = (max_buffered - max_buffered / 4).max(1);
+                let until = Instant::now() + Duration::from_secs(1);
+                while st.table.buffered() >= resume_below && !shared.stop.is_cancelled() {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    st = shared.wait_finished(st, left);
+                }
                 if st.table.buffered() >= max_buffered {
                     polled_at_most = Duration::ZERO;
                 } else {
@@ -447,7 +518,7 @@ fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         }
         let room = max_buffered
             .saturating_sub(shared.state().table.buffered())
-            .clamp(1, 256);
+            .clamp(1, 1024);
         let mut batch: Vec<BorrowedMessage<'_>> = Vec::new();
         let mut next = consumer.poll(polled_at_most);
         while let Some(r) = next {
@@ -505,14 +576,17 @@ fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
     }
-    let mut st = shared.state();
-    for e in runnable {
-        if st.owned.contains_key(&e.tp) {
-            st.tracker.read(e.tp, e.offset);
-            st.table.push(e);
+    let starts = {
+        let mut st = shared.state();
+        for e in runnable {
+            if st.owned.contains_key(&e.tp) {
+                st.tracker.read(e.tp, e.offset);
+                st.table.push(e);
+            }
         }
-    }
-    start_ready(shared, &mut st);
+        start_ready(shared, &mut st)
+    };
+    shared.dispatch(starts);
 }
 
 /// A record that does not decode goes to the dead-letter topic with the reason.
@@ -606,8 +680,26 @@ fn finish_in(st: &mut State, tp: Tp, offset: i64, generation: Option<u64>) {
     }
 }
 
-/// Start as many ready jobs as free slots allow.
-fn start_ready(shared: &Arc<Shared>, st: &mut State) {
+/// A job taken from the lock table to run.
+struct Start {
+    entry: Entry,
+    cancel: CancellationToken,
+    generation: u64,
+}
+
+/// A job whose handler run is over.
+struct Finished {
+    key: Vec<u8>,
+    tp: Tp,
+    offset: i64,
+    generation: u64,
+    /// Its outcome is acknowledged by Kafka: its offset may be committed.
+    settled: bool,
+}
+
+/// Take as many ready jobs as free slots allow; the caller runs them.
+fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
+    let mut starts = Vec::new();
     while st.table.running() < shared.concurrency {
         let Some(entry) = st.table.next_ready() else { break };
         let Some(owned) = st.owned.get(&entry.tp) else {
@@ -619,14 +711,94 @@ fn start_ready(shared: &Arc<Shared>, st: &mut State) {
         let cancel = owned.cancel.clone();
         let generation = owned.generation;
         *st.in_flight.entry(entry.tp).or_insert(0) += 1;
-        let s = shared.clone();
-        shared.runtime.spawn(run_job(s, entry, cancel, generation));
+        starts.push(Start {
+            entry,
+            cancel,
+            generation,
+        });
+    }
+    starts
+}
+
+/// A driver: runs the handlers of the jobs it is given, settles finished
+/// jobs in batches and starts the jobs they unblock. Once `halt` is
+/// cancelled (every partition was released) it ends when its last handler
+/// does: a handler deaf to cancellation runs on past the worker's stop, as a
+/// spawned task would (the documented overlap).
+async fn drive(
+    shared: Arc<Shared>,
+    mut inbox: tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>,
+    halt: CancellationToken,
+) {
+    let mut running = FuturesUnordered::new();
+    let mut done: Vec<Finished> = Vec::new();
+    let mut halted = false;
+    loop {
+        if halted && running.is_empty() {
+            return;
+        }
+        let inbox_open = tokio::select! {
+            _ = halt.cancelled(), if !halted => {
+                halted = true;
+                true
+            }
+            starts = inbox.recv() => match starts {
+                Some(starts) => {
+                    running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
+                    true
+                }
+                None => false,
+            },
+            Some(f) = running.next(), if !running.is_empty() => {
+                done.push(f);
+                true
+            }
+        };
+        if !inbox_open {
+            // Only when the worker is dropped without `halt`: finish what runs.
+            while let Some(f) = running.next().await {
+                done.push(f);
+                settle_finished(&shared, &mut done);
+            }
+            return;
+        }
+        // Whatever else finished meanwhile is settled in the same lock.
+        while let Some(Some(f)) = running.next().now_or_never() {
+            done.push(f);
+        }
+        if !done.is_empty() {
+            let starts = settle_finished(&shared, &mut done);
+            running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
+        }
     }
 }
 
-async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, generation: u64) {
-    let Entry { job, tp, offset } = entry;
-    let key = job.key.clone();
+/// Mark finished jobs done in the lock table and offset tracker; returns the
+/// jobs that may start now.
+fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<Start> {
+    let starts = {
+        let mut st = shared.state();
+        for f in done.drain(..) {
+            st.table.complete(&f.key);
+            if let Some(n) = st.in_flight.get_mut(&f.tp) {
+                *n = n.saturating_sub(1);
+            }
+            if f.settled {
+                finish_in(&mut st, f.tp, f.offset, Some(f.generation));
+            }
+        }
+        start_ready(shared, &mut st)
+    };
+    shared.notify_finished();
+    starts
+}
+
+async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
+    let Start {
+        entry: Entry { job, tp, offset },
+        cancel,
+        generation,
+    } = start;
     let ctx = JobContext {
         topic: shared.topics[tp.0].clone(),
         partition: tp.1,
@@ -637,10 +809,14 @@ async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, g
     let early = job.run_at - shared.clock.now();
     if early > chrono::Duration::zero() {
         let wait = early.to_std().unwrap_or_default();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = cancel.cancelled() => {}
-        }
+        // Boxed, as it is rare: a timer inline would grow every job's future.
+        Box::pin(async {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cancel.cancelled() => {}
+            }
+        })
+        .await;
     }
     let settled = if cancel.is_cancelled() {
         false
@@ -648,8 +824,7 @@ async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, g
         shared.stats.started.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
             partition = tp.1, offset, attempt = job.attempt);
-        let _enter = span.enter();
-        let outcome = match AssertUnwindSafe(shared.handler.call(job.clone(), ctx))
+        let outcome = match AssertUnwindSafe(shared.handler.call(job.clone(), ctx).instrument(span.clone()))
             .catch_unwind()
             .await
         {
@@ -661,24 +836,23 @@ async fn run_job(shared: Arc<Shared>, entry: Entry, cancel: CancellationToken, g
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                warn!(panic = %msg, "handler panicked");
+                warn!(parent: &span, panic = %msg, "handler panicked");
                 Outcome::retry(format!("handler panicked: {msg}"))
             }
         };
-        settle(&shared, &job, tp, offset, outcome, &cancel).await
+        // Boxed: the settling future is large and rarely more than one
+        // write; inline, it would make every job's future kilobytes big.
+        Box::pin(settle(&shared, &job, tp, offset, outcome, &cancel))
+            .instrument(span)
+            .await
     };
-    {
-        let mut st = shared.state();
-        st.table.complete(&key);
-        if let Some(n) = st.in_flight.get_mut(&tp) {
-            *n = n.saturating_sub(1);
-        }
-        if settled {
-            finish_in(&mut st, tp, offset, Some(generation));
-        }
-        start_ready(&shared, &mut st);
+    Finished {
+        key: job.key,
+        tp,
+        offset,
+        generation,
+        settled,
     }
-    shared.finished.notify_all();
 }
 
 /// Carry out an outcome; true once its effects are acknowledged by Kafka.
