@@ -312,6 +312,14 @@ impl ConsumerContext for Ctx {
                 for p in &parts {
                     let started = Instant::now();
                     let timeout = self.shared.cfg.scheduler.rebuild_timeout;
+                    // Place the cascade point before the rebuild, so that the
+                    // replayed jobs land at their final level at once.
+                    let window = self.shared.cfg.scheduler.window.as_millis() as i64;
+                    let now = self.shared.clock.now().timestamp_millis();
+                    if let Err(e) = self.shared.store.cascade(*p, now.saturating_add(2 * window)) {
+                        self.shared.fail(format!("preparing partition {p}: {e}"));
+                        return;
+                    }
                     match changelog::catch_up(
                         &self.shared.reader_config,
                         &self.shared.cfg.topics.changelog,
@@ -433,10 +441,7 @@ fn current(
     if let Some(o) = pb.overlay.get(id) {
         return Ok(o.clone());
     }
-    match shared.store.lookup(p, id)? {
-        Some(k) => shared.store.get(&k),
-        None => Ok(None),
-    }
+    shared.store.current(p, id)
 }
 
 fn ingest_batch(

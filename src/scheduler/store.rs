@@ -1,22 +1,37 @@
 //! The scheduler's durable store of pending jobs, on sled. Nothing else in
 //! Kairos touches sled.
 //!
-//! One sled tree holds three kinds of entries, told apart by a one-byte
-//! prefix, so that every change of a batch (job, index entry, checkpoint)
-//! lands atomically in one sled batch:
+//! An on-disk hierarchical timer wheel. sled 0.34 keeps bookkeeping in memory
+//! for every tree node (a leaf holds at most 16 entries), so memory follows
+//! the number of *entries*; the store therefore keeps few, large entries for
+//! the far future and one entry per job only for the near future:
 //!
 //! | key | value |
 //! |---|---|
-//! | `D` partition run-at seq | the [`StoredJob`] (ordered by run-at, then arrival: a range scan yields due jobs in order) |
-//! | `J` partition job-id | run-at and seq of the job's `D` entry (for cancel, reschedule, replace) |
-//! | `M` partition | checkpoint: next changelog offset reflected here, and the pending count |
+//! | `D` partition run-at seq | *near*: one [`StoredJob`] due before the partition's cascade point, ordered by run-at then arrival, so a range scan yields due jobs in order |
+//! | `B` partition bucket-start chunk-no | *far*: a chunk of up to 256 jobs due in one time bucket, written by one ingest batch or one cascade |
+//! | `J` partition first-id | *id hints*: up to 1024 sorted (job id, run-at, seq) records, for cancel, reschedule and replace by id |
+//! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number |
 //!
-//! Memory: sled's page cache is bounded by `cache_capacity`, but sled 0.34
-//! also keeps per-page bookkeeping in memory for every page on disk, so RSS
-//! grows with the number of pending jobs: about 53 bytes per job measured by
-//! `benches/scheduler_memory.rs` (two entries per job, pages of a few
-//! entries). Fewer, larger entries per job is the way to flatten it.
+//! **Buckets.** Level `l` buckets are `1024 * 8^l` ms wide. A far job goes to
+//! the widest bucket that starts at or after the partition's cascade point,
+//! so a batch of jobs spread over a month lands in a dozen entries. As time
+//! moves, [`Store::cascade`] takes every bucket that starts before the new
+//! cascade point and moves its jobs one level finer, or into the near range.
+//! A job is rewritten at most once per level (14 levels reach year 9999).
+//!
+//! **Ids.** A hint says where a job was put (run-at, seq), which does not
+//! change when it cascades. Hints are not removed when a job fires (that would
+//! touch scattered chunks on the hot path): a hint is checked against the
+//! near entry or the candidate buckets before it is believed, and stale hints
+//! are dropped whenever their chunk is rewritten. Job ids from Kairos
+//! producers (UUIDv7) and derived ids sort by time, so a batch touches one or
+//! two hint chunks; random ids still work, at the cost of more chunk writes.
+//!
+//! Every change of a batch (jobs, hints, checkpoint) lands atomically in one
+//! sled batch.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -49,7 +64,8 @@ pub struct DueKey {
 /// One change to a partition's pending jobs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    /// Add the job, replacing any pending job with the same id.
+    /// Add the job, replacing any pending job with the same id. Putting the
+    /// same job (same id, run-at and seq) again changes nothing.
     Put(StoredJob),
     /// Drop the pending job with this id, if any.
     Delete(JobId),
@@ -58,7 +74,7 @@ pub enum Change {
     Fired(JobId, DueKey),
 }
 
-/// What a change did, for the in-memory window to follow.
+/// What a change did to the near range, for the in-memory window to follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
     /// A job became pending at this key.
@@ -68,27 +84,96 @@ pub enum Applied {
 }
 
 /// Per-partition checkpoint.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The next changelog offset not yet reflected in this store.
     pub changelog_next: i64,
     /// Jobs pending in the partition.
     pub pending: u64,
+    /// Every pending job due before this instant (ms) is in the near range.
+    pub cascaded_to: i64,
+    /// Number of the next far chunk (keeps chunk keys unique).
+    pub next_chunk: u64,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            changelog_next: 0,
+            pending: 0,
+            cascaded_to: i64::MIN,
+            next_chunk: 0,
+        }
+    }
 }
 
 /// The durable store.
 pub struct Store {
     /// The database (kept to flush and to report size).
     db: sled::Db,
-    /// The one tree holding `D`, `J` and `M` entries.
+    /// The one tree holding `D`, `B`, `J` and `M` entries.
     tree: sled::Tree,
     /// Serialises read-modify-write batches (ingest and dispatcher both write).
     write: Mutex<()>,
 }
 
 const D: u8 = b'D';
+const B: u8 = b'B';
 const J: u8 = b'J';
 const M: u8 = b'M';
+
+/// Level 0 buckets are 2^10 ms wide; each level is 2^3 times wider.
+const BASE_SHIFT: u32 = 10;
+const LEVEL_SHIFT: u32 = 3;
+/// Levels 0..14: the widest buckets span 2^49 ms (about 17,800 years).
+const LEVELS: u32 = 14;
+/// Most jobs in one far chunk, and a soft bound on its bytes.
+const CHUNK_JOBS: usize = 256;
+const CHUNK_BYTES: usize = 64 << 10;
+/// Most hints in one id chunk before it splits.
+const HINTS_PER_CHUNK: usize = 1024;
+/// A cascade call moves at least this many far chunks (whole buckets) when
+/// that many are due, and stops at the next bucket boundary after it.
+const CASCADE_CHUNKS: usize = 512;
+/// The name of the tree. A store written by an earlier layout ("pending") is
+/// dropped on open; its partitions are rebuilt from the changelog.
+const TREE: &str = "pending-v2";
+
+fn width(level: u32) -> i64 {
+    1i64 << (BASE_SHIFT + LEVEL_SHIFT * level)
+}
+
+fn align_down(ms: i64, w: i64) -> i64 {
+    ms.div_euclid(w) * w
+}
+
+fn align_up(ms: i64, w: i64) -> i64 {
+    align_down(ms.saturating_add(w - 1), w)
+}
+
+/// The bucket of a far job due at `run_at_ms` when the cascade point is `t`
+/// (aligned to level 0, `run_at_ms >= t`): the widest bucket starting at or after `t`.
+fn bucket_for(run_at_ms: i64, t: i64) -> i64 {
+    let mut best = align_down(run_at_ms, width(0));
+    for level in 1..LEVELS {
+        let b = align_down(run_at_ms, width(level));
+        if b < t {
+            break;
+        }
+        best = b;
+    }
+    best
+}
+
+/// The buckets a far job due at `run_at_ms` can sit in when the cascade point is `t`.
+fn candidate_buckets(run_at_ms: i64, t: i64) -> Vec<i64> {
+    let mut out: Vec<i64> = (0..LEVELS)
+        .map(|l| align_down(run_at_ms, width(l)))
+        .filter(|b| *b >= t)
+        .collect();
+    out.dedup();
+    out
+}
 
 /// Order-preserving encoding of an i64 as 8 big-endian bytes.
 fn ordered(ms: i64) -> [u8; 8] {
@@ -123,11 +208,30 @@ fn parse_d_key(b: &[u8]) -> Option<DueKey> {
     })
 }
 
-fn j_key(partition: i32, id: &JobId) -> [u8; 21] {
+fn b_key(partition: i32, bucket: i64, chunk: u64) -> [u8; 21] {
+    let mut out = [0u8; 21];
+    out[0] = B;
+    out[1..5].copy_from_slice(&part(partition));
+    out[5..13].copy_from_slice(&ordered(bucket));
+    out[13..21].copy_from_slice(&chunk.to_be_bytes());
+    out
+}
+
+fn b_prefix(partition: i32, bucket: i64) -> [u8; 13] {
+    let mut out = [0u8; 13];
+    out.copy_from_slice(&b_key(partition, bucket, 0)[..13]);
+    out
+}
+
+fn bucket_of_b_key(k: &[u8]) -> Option<i64> {
+    Some(from_ordered(k.get(5..13)?.try_into().ok()?))
+}
+
+fn j_key(partition: i32, id: &[u8; 16]) -> [u8; 21] {
     let mut out = [0u8; 21];
     out[0] = J;
     out[1..5].copy_from_slice(&part(partition));
-    out[5..21].copy_from_slice(id.as_bytes());
+    out[5..21].copy_from_slice(id);
     out
 }
 
@@ -143,6 +247,444 @@ fn prefix(kind: u8, partition: i32) -> [u8; 5] {
     out
 }
 
+// ------------------------------------------------------------------ chunks
+
+/// A far chunk: `count u32, seq-min u64, seq-max u64`, then per job `len u32, bytes`.
+fn encode_chunk(jobs: &[StoredJob]) -> Vec<u8> {
+    let min = jobs.iter().map(|j| j.seq).min().unwrap_or(0);
+    let max = jobs.iter().map(|j| j.seq).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(20 + jobs.len() * 220);
+    out.extend_from_slice(&(jobs.len() as u32).to_be_bytes());
+    out.extend_from_slice(&min.to_be_bytes());
+    out.extend_from_slice(&max.to_be_bytes());
+    for j in jobs {
+        let b = j.encode();
+        out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+/// The seq range a far chunk holds, from its header.
+fn chunk_seq_range(v: &[u8]) -> Result<(u64, u64), CorruptJob> {
+    let h = v.get(..20).ok_or(CorruptJob("far chunk header"))?;
+    Ok((
+        u64::from_be_bytes(h[4..12].try_into().expect("8 bytes")),
+        u64::from_be_bytes(h[12..20].try_into().expect("8 bytes")),
+    ))
+}
+
+fn decode_chunk(v: &[u8]) -> Result<Vec<StoredJob>, CorruptJob> {
+    let h = v.get(..20).ok_or(CorruptJob("far chunk header"))?;
+    let n = u32::from_be_bytes(h[..4].try_into().expect("4 bytes")) as usize;
+    let mut at = 20;
+    let mut out = Vec::with_capacity(n.min(CHUNK_JOBS * 4));
+    for _ in 0..n {
+        let len = v.get(at..at + 4).ok_or(CorruptJob("far chunk length"))?;
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        at += 4;
+        let b = v.get(at..at + len).ok_or(CorruptJob("far chunk job"))?;
+        out.push(StoredJob::decode(b)?);
+        at += len;
+    }
+    Ok(out)
+}
+
+/// Split jobs into chunks of at most [`CHUNK_JOBS`] jobs and about [`CHUNK_BYTES`].
+fn chunked(jobs: Vec<StoredJob>) -> Vec<Vec<StoredJob>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut bytes = 0;
+    for j in jobs {
+        let size = j.job.payload.len() + j.job.key.len() + 120;
+        if !cur.is_empty() && (cur.len() >= CHUNK_JOBS || bytes + size > CHUNK_BYTES) {
+            out.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += size;
+        cur.push(j);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Where a job was put: id, run-at, seq.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hint {
+    id: [u8; 16],
+    run_at_ms: i64,
+    seq: u64,
+}
+
+fn encode_hints(hints: &[Hint]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hints.len() * 32);
+    for h in hints {
+        out.extend_from_slice(&h.id);
+        out.extend_from_slice(&ordered(h.run_at_ms));
+        out.extend_from_slice(&h.seq.to_be_bytes());
+    }
+    out
+}
+
+fn decode_hints(v: &[u8]) -> Result<Vec<Hint>, CorruptJob> {
+    if v.len() % 32 != 0 {
+        return Err(CorruptJob("id chunk length"));
+    }
+    Ok(v.chunks_exact(32)
+        .map(|c| Hint {
+            id: c[..16].try_into().expect("16 bytes"),
+            run_at_ms: from_ordered(c[16..24].try_into().expect("8 bytes")),
+            seq: u64::from_be_bytes(c[24..32].try_into().expect("8 bytes")),
+        })
+        .collect())
+}
+
+// ------------------------------------------------------------------ locations
+
+/// Where a pending job is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Loc {
+    /// A near entry.
+    Near(DueKey),
+    /// In the far chunk with this key.
+    Far {
+        chunk: [u8; 21],
+        run_at_ms: i64,
+        seq: u64,
+    },
+    /// In a far chunk this batch writes.
+    NewFar { bucket: i64, run_at_ms: i64, seq: u64 },
+}
+
+impl Loc {
+    fn run_at_seq(&self) -> (i64, u64) {
+        match self {
+            Loc::Near(k) => (k.run_at_ms, k.seq),
+            Loc::Far { run_at_ms, seq, .. } | Loc::NewFar { run_at_ms, seq, .. } => (*run_at_ms, *seq),
+        }
+    }
+}
+
+/// Reads (and, in a batch, buffers changes to) one partition's id hints.
+struct Hints<'a> {
+    tree: &'a sled::Tree,
+    partition: i32,
+    /// Loaded id chunks by their first id (`[0; 16]` for the first chunk),
+    /// with whether this batch changed them.
+    chunks: HashMap<[u8; 16], (Vec<Hint>, bool)>,
+    /// Ids whose hint this batch wrote: never dropped as stale.
+    touched: HashSet<[u8; 16]>,
+}
+
+impl<'a> Hints<'a> {
+    fn new(tree: &'a sled::Tree, partition: i32) -> Self {
+        Hints {
+            tree,
+            partition,
+            chunks: HashMap::new(),
+            touched: HashSet::new(),
+        }
+    }
+
+    /// The first id of the chunk holding `id`'s hint, loading the chunk.
+    fn chunk_of(&mut self, id: &[u8; 16]) -> Result<[u8; 16], StoreError> {
+        let lo = j_key(self.partition, &[0u8; 16]);
+        let hi = j_key(self.partition, id);
+        let start = match self.tree.range(lo..=hi).next_back() {
+            Some(item) => {
+                let (k, _) = item?;
+                k[5..21].try_into().expect("21-byte key")
+            }
+            None => [0u8; 16],
+        };
+        if !self.chunks.contains_key(&start) {
+            let hints = match self.tree.get(j_key(self.partition, &start))? {
+                Some(v) => decode_hints(&v)?,
+                None => Vec::new(),
+            };
+            self.chunks.insert(start, (hints, false));
+        }
+        Ok(start)
+    }
+
+    fn get(&mut self, id: &[u8; 16]) -> Result<Option<Hint>, StoreError> {
+        let c = self.chunk_of(id)?;
+        let hints = &self.chunks[&c].0;
+        Ok(hints.binary_search_by(|h| h.id.cmp(id)).ok().map(|i| hints[i]))
+    }
+
+    fn set(&mut self, hint: Hint) -> Result<(), StoreError> {
+        let c = self.chunk_of(&hint.id)?;
+        let (hints, dirty) = self.chunks.get_mut(&c).expect("loaded");
+        match hints.binary_search_by(|h| h.id.cmp(&hint.id)) {
+            Ok(i) => hints[i] = hint,
+            Err(i) => hints.insert(i, hint),
+        }
+        *dirty = true;
+        self.touched.insert(hint.id);
+        Ok(())
+    }
+
+    fn remove(&mut self, id: &[u8; 16]) -> Result<(), StoreError> {
+        let c = self.chunk_of(id)?;
+        let (hints, dirty) = self.chunks.get_mut(&c).expect("loaded");
+        if let Ok(i) = hints.binary_search_by(|h| h.id.cmp(id)) {
+            hints.remove(i);
+            *dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Write the changed chunks: stale hints dropped (due before both `t`
+    /// and `first_near`, so neither near nor far), split when too big.
+    fn write(self, batch: &mut sled::Batch, t: i64, first_near: i64) {
+        let p = self.partition;
+        for (start, (mut hints, dirty)) in self.chunks {
+            if !dirty {
+                continue;
+            }
+            hints.retain(|h| self.touched.contains(&h.id) || h.run_at_ms >= t.min(first_near));
+            if hints.is_empty() {
+                batch.remove(&j_key(p, &start)[..]);
+                continue;
+            }
+            for (i, piece) in hints.chunks(HINTS_PER_CHUNK).enumerate() {
+                let key = if i == 0 { start } else { piece[0].id };
+                batch.insert(&j_key(p, &key)[..], encode_hints(piece));
+            }
+        }
+    }
+}
+
+/// One partition's view for locating jobs: the committed store plus this
+/// batch's changes.
+struct View<'a> {
+    store: &'a Store,
+    partition: i32,
+    cp: Checkpoint,
+    hints: Hints<'a>,
+    /// Jobs this batch moved: where they are now (`None`: gone).
+    overlay: HashMap<JobId, Option<Loc>>,
+}
+
+impl<'a> View<'a> {
+    fn new(store: &'a Store, partition: i32) -> Result<Self, StoreError> {
+        let mut cp = store.checkpoint(partition)?;
+        if cp.cascaded_to == i64::MIN {
+            // Never cascaded, so empty: any cascade point is right. The wall
+            // clock's now keeps the first batches from landing in the widest
+            // buckets (the scheduler cascades to its own clock on assignment).
+            cp.cascaded_to = align_up(chrono::Utc::now().timestamp_millis(), width(0));
+        }
+        Ok(View {
+            store,
+            partition,
+            cp,
+            hints: Hints::new(&store.tree, partition),
+            overlay: HashMap::new(),
+        })
+    }
+
+    /// Where the pending job `id` is, if it is pending.
+    fn locate(&mut self, id: &JobId) -> Result<Option<Loc>, StoreError> {
+        if let Some(o) = self.overlay.get(id) {
+            return Ok(o.clone());
+        }
+        let Some(h) = self.hints.get(id.as_bytes())? else {
+            return Ok(None);
+        };
+        let p = self.partition;
+        if h.run_at_ms < self.cp.cascaded_to {
+            let k = DueKey {
+                run_at_ms: h.run_at_ms,
+                partition: p,
+                seq: h.seq,
+            };
+            return Ok(match self.store.tree.get(d_key(&k))? {
+                Some(v) if StoredJob::decode(&v)?.job.id == *id => Some(Loc::Near(k)),
+                _ => None,
+            });
+        }
+        for b in candidate_buckets(h.run_at_ms, self.cp.cascaded_to) {
+            for item in self.store.tree.scan_prefix(b_prefix(p, b)) {
+                let (k, v) = item?;
+                let (lo, hi) = chunk_seq_range(&v)?;
+                if h.seq < lo || h.seq > hi {
+                    continue;
+                }
+                if decode_chunk(&v)?
+                    .iter()
+                    .any(|j| j.seq == h.seq && j.job.id == *id)
+                {
+                    return Ok(Some(Loc::Far {
+                        chunk: k.as_ref().try_into().map_err(|_| CorruptJob("far chunk key"))?,
+                        run_at_ms: h.run_at_ms,
+                        seq: h.seq,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The job at a committed location.
+    fn load(&self, loc: &Loc, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
+        Ok(match loc {
+            Loc::Near(k) => match self.store.tree.get(d_key(k))? {
+                Some(v) => Some(StoredJob::decode(&v)?),
+                None => None,
+            },
+            Loc::Far { chunk, seq, .. } => match self.store.tree.get(chunk)? {
+                Some(v) => decode_chunk(&v)?
+                    .into_iter()
+                    .find(|j| j.seq == *seq && j.job.id == *id),
+                None => None,
+            },
+            Loc::NewFar { .. } => None,
+        })
+    }
+}
+
+/// A batch of changes to one partition being built.
+struct Writer<'a> {
+    view: View<'a>,
+    batch: sled::Batch,
+    /// Far jobs this batch adds, by bucket.
+    new_far: BTreeMap<i64, Vec<StoredJob>>,
+    /// Seqs to take out of committed far chunks.
+    far_removals: HashMap<[u8; 21], HashSet<u64>>,
+    applied: Vec<Applied>,
+}
+
+impl<'a> Writer<'a> {
+    fn remove(&mut self, id: JobId, loc: Loc) {
+        match loc {
+            Loc::Near(k) => {
+                self.batch.remove(&d_key(&k)[..]);
+                self.applied.push(Applied::Removed(k, id));
+            }
+            Loc::Far { chunk, seq, .. } => {
+                self.far_removals.entry(chunk).or_default().insert(seq);
+            }
+            Loc::NewFar { bucket, seq, .. } => {
+                if let Some(v) = self.new_far.get_mut(&bucket) {
+                    v.retain(|j| !(j.seq == seq && j.job.id == id));
+                }
+            }
+        }
+        self.view.cp.pending = self.view.cp.pending.saturating_sub(1);
+        self.view.overlay.insert(id, None);
+    }
+
+    fn add(&mut self, s: &StoredJob) -> Result<(), StoreError> {
+        let p = self.view.partition;
+        let run_at_ms = s.job.run_at.timestamp_millis();
+        let t = self.view.cp.cascaded_to;
+        let loc = if run_at_ms < t {
+            let k = DueKey {
+                run_at_ms,
+                partition: p,
+                seq: s.seq,
+            };
+            self.batch.insert(&d_key(&k)[..], s.encode());
+            self.applied.push(Applied::Added(k, s.clone()));
+            Loc::Near(k)
+        } else {
+            let bucket = bucket_for(run_at_ms, t);
+            self.new_far.entry(bucket).or_default().push(s.clone());
+            Loc::NewFar {
+                bucket,
+                run_at_ms,
+                seq: s.seq,
+            }
+        };
+        self.view.hints.set(Hint {
+            id: *s.job.id.as_bytes(),
+            run_at_ms,
+            seq: s.seq,
+        })?;
+        self.view.cp.pending += 1;
+        self.view.overlay.insert(s.job.id, Some(loc));
+        Ok(())
+    }
+
+    fn change(&mut self, change: &Change) -> Result<(), StoreError> {
+        match change {
+            Change::Put(s) => {
+                let here = (s.job.run_at.timestamp_millis(), s.seq);
+                match self.view.locate(&s.job.id)? {
+                    Some(loc) if loc.run_at_seq() == here => {} // the same job again
+                    Some(loc) => {
+                        self.remove(s.job.id, loc);
+                        self.add(s)?;
+                    }
+                    None => self.add(s)?,
+                }
+            }
+            Change::Delete(id) => {
+                if let Some(loc) = self.view.locate(id)? {
+                    self.remove(*id, loc);
+                    self.view.hints.remove(id.as_bytes())?;
+                }
+            }
+            Change::Fired(id, k) => {
+                // The hint is left (hints are checked before they are
+                // believed): looking it up would touch scattered id chunks.
+                let here = match self.view.overlay.get(id) {
+                    Some(o) => o.as_ref() == Some(&Loc::Near(*k)),
+                    None => matches!(self.store().tree.get(d_key(k))?,
+                        Some(v) if StoredJob::decode(&v)?.job.id == *id),
+                };
+                if here {
+                    self.remove(*id, Loc::Near(*k));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store(&self) -> &'a Store {
+        self.view.store
+    }
+
+    /// Turn the buffered changes into the sled batch and apply it.
+    fn commit(mut self, changelog_next: Option<i64>) -> Result<Vec<Applied>, StoreError> {
+        let p = self.view.partition;
+        let tree = &self.store().tree;
+        for (chunk, seqs) in std::mem::take(&mut self.far_removals) {
+            let Some(v) = tree.get(chunk)? else { continue };
+            let left: Vec<StoredJob> = decode_chunk(&v)?
+                .into_iter()
+                .filter(|j| !seqs.contains(&j.seq))
+                .collect();
+            if left.is_empty() {
+                self.batch.remove(&chunk[..]);
+            } else {
+                self.batch.insert(&chunk[..], encode_chunk(&left));
+            }
+        }
+        for (bucket, jobs) in std::mem::take(&mut self.new_far) {
+            for c in chunked(jobs) {
+                let n = self.view.cp.next_chunk;
+                self.view.cp.next_chunk += 1;
+                self.batch.insert(&b_key(p, bucket, n)[..], encode_chunk(&c));
+            }
+        }
+        let first_near = self.store().next_due(p)?.map_or(i64::MAX, |k| k.run_at_ms);
+        let t = self.view.cp.cascaded_to;
+        if let Some(next) = changelog_next {
+            self.view.cp.changelog_next = self.view.cp.changelog_next.max(next);
+        }
+        let cp = self.view.cp;
+        self.view.hints.write(&mut self.batch, t, first_near);
+        self.batch.insert(&m_key(p)[..], &encode_checkpoint(&cp)[..]);
+        tree.apply_batch(self.batch)?;
+        Ok(self.applied)
+    }
+}
+
 impl Store {
     /// Open (or create) the store in `dir`, with sled's page cache bounded
     /// to `cache_bytes`.
@@ -152,7 +694,13 @@ impl Store {
             .cache_capacity(cache_bytes)
             .flush_every_ms(None)
             .open()?;
-        let tree = db.open_tree("pending")?;
+        if db.tree_names().iter().any(|n| n.as_ref() == b"pending") {
+            tracing::warn!(
+                "dropping a store written by an earlier layout; partitions rebuild from the changelog"
+            );
+            db.drop_tree("pending")?;
+        }
+        let tree = db.open_tree(TREE)?;
         Ok(Store {
             db,
             tree,
@@ -162,6 +710,7 @@ impl Store {
 
     /// Apply `changes` to `partition` as one atomic batch, optionally
     /// moving its changelog checkpoint. Durable after [`Store::flush`].
+    /// Returns what changed in the near range.
     pub fn apply(
         &self,
         partition: i32,
@@ -169,82 +718,97 @@ impl Store {
         changelog_next: Option<i64>,
     ) -> Result<Vec<Applied>, StoreError> {
         let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cp = self.checkpoint(partition)?;
-        let mut batch = sled::Batch::default();
-        // Entries changed earlier in this batch, which sled cannot read back yet.
-        let mut overlay: std::collections::HashMap<JobId, Option<DueKey>> = Default::default();
-        let mut applied = Vec::with_capacity(changes.len());
+        let mut w = Writer {
+            view: View::new(self, partition)?,
+            batch: sled::Batch::default(),
+            new_far: BTreeMap::new(),
+            far_removals: HashMap::new(),
+            applied: Vec::new(),
+        };
         for change in changes {
-            let id = match change {
-                Change::Put(s) => s.job.id,
-                Change::Delete(id) | Change::Fired(id, _) => *id,
-            };
-            let current = match overlay.get(&id) {
-                Some(k) => *k,
-                None => self.lookup(partition, &id)?,
-            };
-            if let Change::Fired(_, fired_at) = change {
-                if current != Some(*fired_at) {
-                    continue;
-                }
+            w.change(change)?;
+        }
+        w.commit(changelog_next)
+    }
+
+    /// Move the cascade point of `partition` towards `until_ms`: every far
+    /// job due before the new point becomes a near entry, the rest of the
+    /// buckets passed move one level finer. Bounded work per call (whole
+    /// buckets, about [`CASCADE_CHUNKS`] chunks); returns the new cascade
+    /// point (below `until_ms` when work is left) and the near jobs added.
+    pub fn cascade(&self, partition: i32, until_ms: i64) -> Result<(i64, Vec<Applied>), StoreError> {
+        let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cp = self.checkpoint(partition)?;
+        let target = align_up(until_ms, width(0));
+        if cp.cascaded_to == i64::MIN {
+            // Never cascaded, so empty: start here.
+            cp.cascaded_to = target;
+            self.tree.insert(m_key(partition), &encode_checkpoint(&cp)[..])?;
+            return Ok((target, Vec::new()));
+        }
+        if cp.cascaded_to >= target {
+            return Ok((cp.cascaded_to, Vec::new()));
+        }
+        let lo = prefix(B, partition).to_vec();
+        let hi = b_prefix(partition, target).to_vec();
+        let mut taken: Vec<(sled::IVec, sled::IVec)> = Vec::new();
+        let mut new_t = target;
+        for item in self.tree.range(lo..hi) {
+            let (k, v) = item?;
+            let bucket = bucket_of_b_key(&k).ok_or(CorruptJob("far chunk key"))?;
+            if taken.len() >= CASCADE_CHUNKS
+                && taken.last().and_then(|(k, _)| bucket_of_b_key(k)) != Some(bucket)
+            {
+                new_t = bucket;
+                break;
             }
-            if let Some(old) = current {
-                batch.remove(&d_key(&old)[..]);
-                batch.remove(&j_key(partition, &id)[..]);
-                cp.pending = cp.pending.saturating_sub(1);
-                applied.push(Applied::Removed(old, id));
-            }
-            match change {
-                Change::Put(s) => {
-                    let k = DueKey {
-                        run_at_ms: s.job.run_at.timestamp_millis(),
+            taken.push((k, v));
+        }
+        let mut batch = sled::Batch::default();
+        let mut applied = Vec::new();
+        let mut far: BTreeMap<i64, Vec<StoredJob>> = BTreeMap::new();
+        for (k, v) in &taken {
+            batch.remove(k);
+            for s in decode_chunk(v)? {
+                let run_at_ms = s.job.run_at.timestamp_millis();
+                if run_at_ms < new_t {
+                    let key = DueKey {
+                        run_at_ms,
                         partition,
                         seq: s.seq,
                     };
-                    batch.insert(&d_key(&k)[..], s.encode());
-                    let mut loc = [0u8; 16];
-                    loc[..8].copy_from_slice(&ordered(k.run_at_ms));
-                    loc[8..].copy_from_slice(&k.seq.to_be_bytes());
-                    batch.insert(&j_key(partition, &id)[..], &loc[..]);
-                    cp.pending += 1;
-                    overlay.insert(id, Some(k));
-                    applied.push(Applied::Added(k, s.clone()));
-                }
-                Change::Delete(_) | Change::Fired(..) => {
-                    overlay.insert(id, None);
+                    batch.insert(&d_key(&key)[..], s.encode());
+                    applied.push(Applied::Added(key, s));
+                } else {
+                    far.entry(bucket_for(run_at_ms, new_t)).or_default().push(s);
                 }
             }
         }
-        if let Some(next) = changelog_next {
-            cp.changelog_next = cp.changelog_next.max(next);
+        for (bucket, jobs) in far {
+            for c in chunked(jobs) {
+                batch.insert(&b_key(partition, bucket, cp.next_chunk)[..], encode_chunk(&c));
+                cp.next_chunk += 1;
+            }
         }
+        cp.cascaded_to = new_t;
         batch.insert(&m_key(partition)[..], &encode_checkpoint(&cp)[..]);
         self.tree.apply_batch(batch)?;
-        Ok(applied)
+        Ok((new_t, applied))
     }
 
-    /// Where the pending job `id` of `partition` sits, if it is pending.
-    pub fn lookup(&self, partition: i32, id: &JobId) -> Result<Option<DueKey>, StoreError> {
-        Ok(self.tree.get(j_key(partition, id))?.and_then(|v| {
-            let v: [u8; 16] = v.as_ref().try_into().ok()?;
-            Some(DueKey {
-                run_at_ms: from_ordered(v[..8].try_into().ok()?),
-                partition,
-                seq: u64::from_be_bytes(v[8..].try_into().ok()?),
-            })
-        }))
-    }
-
-    /// The job pending at `key`, if any.
-    pub fn get(&self, key: &DueKey) -> Result<Option<StoredJob>, StoreError> {
-        match self.tree.get(d_key(key))? {
-            Some(v) => Ok(Some(StoredJob::decode(&v)?)),
+    /// The pending job `id` of `partition`, if it is pending.
+    pub fn current(&self, partition: i32, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
+        let mut view = View::new(self, partition)?;
+        match view.locate(id)? {
+            Some(loc) => view.load(&loc, id),
             None => Ok(None),
         }
     }
 
-    /// Pending jobs of `partition` with run-at at most `until_ms`, in run-at
-    /// then arrival order, strictly after `after` (when given), at most `limit`.
+    /// Near jobs of `partition` with run-at at most `until_ms`, in run-at
+    /// then arrival order, strictly after `after` (when given), at most
+    /// `limit`. Only the near range is scanned: call [`Store::cascade`] up to
+    /// `until_ms` first.
     pub fn scan_due(
         &self,
         partition: i32,
@@ -280,7 +844,7 @@ impl Store {
         Ok(out)
     }
 
-    /// The earliest pending run-at of `partition`.
+    /// The earliest near job of `partition`.
     pub fn next_due(&self, partition: i32) -> Result<Option<DueKey>, StoreError> {
         Ok(match self.tree.scan_prefix(prefix(D, partition)).next() {
             Some(item) => parse_d_key(&item?.0),
@@ -292,7 +856,7 @@ impl Store {
     /// rebuild from the changelog when the local copy cannot be trusted).
     pub fn clear_partition(&self, partition: i32) -> Result<(), StoreError> {
         let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        for kind in [D, J] {
+        for kind in [D, B, J] {
             let mut batch = sled::Batch::default();
             let mut n = 0;
             for item in self.tree.scan_prefix(prefix(kind, partition)).keys() {
@@ -308,14 +872,11 @@ impl Store {
         Ok(())
     }
 
-    /// The checkpoint of `partition` (all zero when the store has never held it).
+    /// The checkpoint of `partition` (the default when the store has never held it).
     pub fn checkpoint(&self, partition: i32) -> Result<Checkpoint, StoreError> {
         Ok(match self.tree.get(m_key(partition))? {
-            Some(v) if v.len() == 16 => Checkpoint {
-                changelog_next: i64::from_be_bytes(v[..8].try_into().expect("8 bytes")),
-                pending: u64::from_be_bytes(v[8..].try_into().expect("8 bytes")),
-            },
-            _ => Checkpoint::default(),
+            Some(v) => decode_checkpoint(&v)?,
+            None => Checkpoint::default(),
         })
     }
 
@@ -342,11 +903,32 @@ impl Store {
     }
 }
 
-fn encode_checkpoint(cp: &Checkpoint) -> [u8; 16] {
-    let mut out = [0u8; 16];
+fn encode_checkpoint(cp: &Checkpoint) -> [u8; 32] {
+    let mut out = [0u8; 32];
     out[..8].copy_from_slice(&cp.changelog_next.to_be_bytes());
-    out[8..].copy_from_slice(&cp.pending.to_be_bytes());
+    out[8..16].copy_from_slice(&cp.pending.to_be_bytes());
+    out[16..24].copy_from_slice(&cp.cascaded_to.to_be_bytes());
+    out[24..32].copy_from_slice(&cp.next_chunk.to_be_bytes());
     out
+}
+
+fn decode_checkpoint(v: &[u8]) -> Result<Checkpoint, CorruptJob> {
+    let v: &[u8; 32] = v.try_into().map_err(|_| CorruptJob("checkpoint length"))?;
+    let field = |i: usize| -> [u8; 8] { v[i * 8..i * 8 + 8].try_into().expect("8 bytes") };
+    Ok(Checkpoint {
+        changelog_next: i64::from_be_bytes(field(0)),
+        pending: u64::from_be_bytes(field(1)),
+        cascaded_to: i64::from_be_bytes(field(2)),
+        next_chunk: u64::from_be_bytes(field(3)),
+    })
+}
+
+#[cfg(test)]
+impl Store {
+    /// Entries of one kind for `partition` (tests).
+    fn count(&self, kind: u8, partition: i32) -> usize {
+        self.tree.scan_prefix(prefix(kind, partition)).count()
+    }
 }
 
 #[cfg(test)]
@@ -354,6 +936,8 @@ mod tests {
     use super::*;
     use crate::job::Job;
     use chrono::{TimeZone, Utc};
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeMap;
 
     fn job(key: &str, ms: i64) -> Job {
         Job::new("jobs", key, b"p".to_vec()).at(Utc.timestamp_millis_opt(ms).unwrap())
@@ -367,6 +951,46 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path(), 1 << 20).unwrap();
         (dir, s)
+    }
+
+    /// Cascade `p` until its cascade point reaches `until`.
+    fn cascade_to(s: &Store, p: i32, until: i64) -> Vec<Applied> {
+        let mut all = Vec::new();
+        loop {
+            let (t, applied) = s.cascade(p, until).unwrap();
+            all.extend(applied);
+            if t >= until {
+                return all;
+            }
+        }
+    }
+
+    fn near_ids(s: &Store, p: i32) -> Vec<JobId> {
+        s.scan_due(p, None, i64::MAX, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(_, sj)| sj.job.id)
+            .collect()
+    }
+
+    #[test]
+    fn bucket_choice_starts_at_or_after_the_cascade_point_and_is_a_candidate() {
+        let t = 1_000_448; // aligned to 1024
+        for r in [
+            t,
+            t + 1,
+            t + 5_000,
+            t + 86_400_000,
+            t + 2_592_000_000,
+            253_402_300_799_999,
+        ] {
+            let b = bucket_for(r, t);
+            assert!(b >= t && b <= r, "{r}: bucket {b}");
+            assert!(candidate_buckets(r, t).contains(&b));
+        }
+        // A month ahead lands in a wide bucket, a second ahead in a narrow one.
+        assert!(bucket_for(t + 2_592_000_000, t) < t + 2_592_000_000 - 86_400_000);
+        assert_eq!(bucket_for(t + 1_500, t), align_down(t + 1_500, 1024));
     }
 
     #[test]
@@ -384,13 +1008,13 @@ mod tests {
         )
         .unwrap();
         s.apply(1, &[put(&job("other", 0), 1)], None).unwrap();
-        let got: Vec<_> = s
-            .scan_due(0, None, i64::MAX, 100)
-            .unwrap()
-            .into_iter()
-            .map(|(_, sj)| sj.job.id)
-            .collect();
-        assert_eq!(got, vec![neg.id, b.id, a.id, c.id, far.id]);
+        assert_eq!(
+            near_ids(&s, 0),
+            vec![neg.id, b.id, a.id, c.id],
+            "due before now: near at once"
+        );
+        cascade_to(&s, 0, i64::MAX / 2);
+        assert_eq!(near_ids(&s, 0), vec![neg.id, b.id, a.id, c.id, far.id]);
         let upto: Vec<_> = s.scan_due(0, None, 1999, 100).unwrap();
         assert_eq!(upto.len(), 2);
         let after = s.scan_due(0, Some(upto[1].0), 2000, 100).unwrap();
@@ -404,61 +1028,76 @@ mod tests {
     }
 
     #[test]
-    fn put_with_a_known_id_replaces_and_delete_removes() {
+    fn put_with_a_known_id_replaces_and_delete_removes_near_and_far() {
         let (_d, s) = open();
-        let a = job("a", 1000);
+        cascade_to(&s, 0, 10_000);
+        let a = job("a", 1000); // near
         s.apply(0, &[put(&a, 1)], Some(10)).unwrap();
-        let moved = a.clone().at(Utc.timestamp_millis_opt(5000).unwrap());
+        let moved = a.clone().at(Utc.timestamp_millis_opt(50_000_000).unwrap()); // far
         let applied = s.apply(0, &[put(&moved, 1)], Some(11)).unwrap();
-        assert!(matches!(applied[0], Applied::Removed(k, _) if k.run_at_ms == 1000));
-        assert!(matches!(applied[1], Applied::Added(k, _) if k.run_at_ms == 5000));
-        assert_eq!(
-            s.checkpoint(0).unwrap(),
-            Checkpoint {
-                changelog_next: 11,
-                pending: 1
-            }
-        );
-        assert_eq!(s.lookup(0, &a.id).unwrap().unwrap().run_at_ms, 5000);
+        assert!(matches!(applied[..], [Applied::Removed(k, _)] if k.run_at_ms == 1000));
+        let cp = s.checkpoint(0).unwrap();
+        assert_eq!((cp.changelog_next, cp.pending), (11, 1));
+        assert_eq!(s.current(0, &a.id).unwrap().unwrap().job, moved);
+        assert!(near_ids(&s, 0).is_empty());
+        // Back to near, then the same put again changes nothing.
+        let applied = s.apply(0, &[put(&a, 1)], None).unwrap();
+        assert!(matches!(applied[..], [Applied::Added(k, _)] if k.run_at_ms == 1000));
+        assert!(s.apply(0, &[put(&a, 1)], None).unwrap().is_empty());
+        assert_eq!(s.checkpoint(0).unwrap().pending, 1);
+        assert_eq!(s.count(B, 0), 0, "the far copy was taken out of its chunk");
         let applied = s
             .apply(0, &[Change::Delete(a.id), Change::Delete(a.id)], None)
             .unwrap();
         assert_eq!(applied.len(), 1);
-        assert!(s.scan_due(0, None, i64::MAX, 10).unwrap().is_empty());
+        assert!(near_ids(&s, 0).is_empty());
+        assert_eq!(s.current(0, &a.id).unwrap(), None);
         assert_eq!(s.checkpoint(0).unwrap().pending, 0);
+        // A far job is cancelled out of its chunk, leaving its neighbours.
+        let f1 = job("f1", 90_000_000);
+        let f2 = job("f2", 90_000_001);
+        s.apply(0, &[put(&f1, 2), put(&f2, 3)], None).unwrap();
+        s.apply(0, &[Change::Delete(f1.id)], None).unwrap();
+        assert_eq!(s.current(0, &f1.id).unwrap(), None);
+        assert_eq!(s.current(0, &f2.id).unwrap().unwrap().job, f2);
+        cascade_to(&s, 0, 100_000_000);
+        assert_eq!(near_ids(&s, 0), vec![f2.id]);
     }
 
     #[test]
     fn a_fired_job_is_deleted_only_if_not_replaced_meanwhile() {
         let (_d, s) = open();
+        cascade_to(&s, 0, 20_000);
         let a = job("a", 1000);
         s.apply(0, &[put(&a, 1)], None).unwrap();
-        let fired_at = s.lookup(0, &a.id).unwrap().unwrap();
+        let fired_at = s.scan_due(0, None, i64::MAX, 1).unwrap()[0].0;
         let moved = a.clone().at(Utc.timestamp_millis_opt(9000).unwrap());
         s.apply(0, &[put(&moved, 1)], None).unwrap();
         assert!(s
             .apply(0, &[Change::Fired(a.id, fired_at)], None)
             .unwrap()
             .is_empty());
-        assert_eq!(s.lookup(0, &a.id).unwrap().unwrap().run_at_ms, 9000);
-        let now_at = s.lookup(0, &a.id).unwrap().unwrap();
-        assert_eq!(s.get(&now_at).unwrap().unwrap().job, moved);
+        let (now_at, now_job) = s.scan_due(0, None, i64::MAX, 1).unwrap().remove(0);
+        assert_eq!((now_at.run_at_ms, now_job.job), (9000, moved));
         assert_eq!(s.apply(0, &[Change::Fired(a.id, now_at)], None).unwrap().len(), 1);
         assert_eq!(s.checkpoint(0).unwrap().pending, 0);
+        assert_eq!(s.current(0, &a.id).unwrap(), None, "a stale hint is not believed");
     }
 
     #[test]
     fn changes_within_one_batch_see_each_other() {
         let (_d, s) = open();
-        let a = job("a", 1000);
-        let applied = s
-            .apply(0, &[put(&a, 1), Change::Delete(a.id), put(&a, 2)], None)
-            .unwrap();
-        assert_eq!(applied.len(), 3);
-        let left = s.scan_due(0, None, i64::MAX, 10).unwrap();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].0.seq, 2);
-        assert_eq!(s.checkpoint(0).unwrap().pending, 1);
+        cascade_to(&s, 0, 20_000);
+        for ms in [1000, 80_000_000] {
+            let a = job("a", ms);
+            s.apply(0, &[put(&a, 1), Change::Delete(a.id), put(&a, 2)], None)
+                .unwrap();
+            assert_eq!(s.current(0, &a.id).unwrap().unwrap().seq, 2);
+            assert_eq!(s.checkpoint(0).unwrap().pending, 1);
+            s.apply(0, &[Change::Delete(a.id)], None).unwrap();
+            assert_eq!(s.checkpoint(0).unwrap().pending, 0);
+        }
+        assert_eq!(s.count(D, 0) + s.count(B, 0), 0);
     }
 
     #[test]
@@ -471,16 +1110,103 @@ mod tests {
             s.flush().unwrap();
         }
         let s = Store::open(dir.path(), 1 << 20).unwrap();
-        assert_eq!(
-            s.checkpoint(0).unwrap(),
-            Checkpoint {
-                changelog_next: 7,
-                pending: 1
-            }
-        );
+        let cp = s.checkpoint(0).unwrap();
+        assert_eq!((cp.changelog_next, cp.pending), (7, 1));
         s.clear_partition(0).unwrap();
         assert!(!s.knows(0).unwrap());
+        cascade_to(&s, 0, 10_000);
+        cascade_to(&s, 1, 10_000);
         assert!(s.scan_due(0, None, i64::MAX, 10).unwrap().is_empty());
         assert_eq!(s.scan_due(1, None, i64::MAX, 10).unwrap().len(), 1);
+    }
+
+    /// Random puts, replaces, cancels and fires over a month, checked against
+    /// a model at every step: nothing lost, nothing early, counts right, and
+    /// few entries for many jobs.
+    #[test]
+    fn model_check_over_a_month_of_cascades() {
+        let (_d, s) = open();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let month = 30 * 86_400_000i64;
+        let mut now = 1_700_000_000_000i64;
+        cascade_to(&s, 0, now);
+        let mut model: HashMap<JobId, StoredJob> = HashMap::new();
+        let mut ids: Vec<JobId> = Vec::new();
+        let mut seq = 0u64;
+        let mut fired = 0usize;
+        for round in 0..40 {
+            let mut changes = Vec::new();
+            for _ in 0..250 {
+                seq += 1;
+                let roll = rng.gen_range(0..100);
+                if roll < 8 && !ids.is_empty() {
+                    let id = ids[rng.gen_range(0..ids.len())];
+                    changes.push(Change::Delete(id));
+                    model.remove(&id);
+                } else if roll < 16 && !ids.is_empty() {
+                    let id = ids[rng.gen_range(0..ids.len())];
+                    let ms = now + rng.gen_range(-1000..month);
+                    let j = job("r", ms).id(id);
+                    let sj = StoredJob { job: j, seq };
+                    model.insert(id, sj.clone());
+                    changes.push(Change::Put(sj));
+                } else {
+                    let ms = now + rng.gen_range(-1000..month);
+                    let j = job("k", ms);
+                    ids.push(j.id);
+                    let sj = StoredJob { job: j, seq };
+                    model.insert(sj.job.id, sj.clone());
+                    changes.push(Change::Put(sj));
+                }
+            }
+            s.apply(0, &changes, None).unwrap();
+            // Time moves; fire everything due, as the dispatcher would.
+            now += rng.gen_range(0..month / 20);
+            cascade_to(&s, 0, now + 1);
+            let due = s.scan_due(0, None, now, usize::MAX).unwrap();
+            let fires: Vec<Change> = due.iter().map(|(k, j)| Change::Fired(j.job.id, *k)).collect();
+            for (k, j) in &due {
+                let m = model
+                    .remove(&j.job.id)
+                    .expect("fired job is pending in the model");
+                assert_eq!(
+                    (m.seq, m.job.run_at.timestamp_millis()),
+                    (k.seq, k.run_at_ms),
+                    "round {round}"
+                );
+                assert!(k.run_at_ms <= now);
+            }
+            fired += due.len();
+            s.apply(0, &fires, None).unwrap();
+            assert!(
+                model.values().all(|j| j.job.run_at.timestamp_millis() > now),
+                "round {round}: a due job was missed"
+            );
+            assert_eq!(
+                s.checkpoint(0).unwrap().pending,
+                model.len() as u64,
+                "round {round}"
+            );
+            for id in ids.iter().step_by(37) {
+                assert_eq!(s.current(0, id).unwrap(), model.get(id).cloned(), "round {round}");
+            }
+        }
+        assert!(fired > 1000);
+        let entries = s.count(D, 0) + s.count(B, 0) + s.count(J, 0);
+        assert!(
+            entries * 4 < model.len(),
+            "{entries} entries for {} pending jobs",
+            model.len()
+        );
+        // Everything left fires, in order, once.
+        cascade_to(&s, 0, i64::MAX / 2);
+        let rest: BTreeMap<DueKey, JobId> = s
+            .scan_due(0, None, i64::MAX, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(k, j)| (k, j.job.id))
+            .collect();
+        assert_eq!(rest.len(), model.len());
+        assert!(rest.values().all(|id| model.contains_key(id)));
     }
 }

@@ -145,12 +145,18 @@ impl TimerWheel {
     }
 
     /// Load from the store whatever is due within the span of `now_ms` and
-    /// not yet in memory, within capacity.
+    /// not yet in memory, within capacity. First moves the store's cascade
+    /// point to twice the span ahead, so that the near range covers the span.
     pub fn refill(&mut self, store: &Store, now_ms: i64) -> Result<(), StoreError> {
-        let until = now_ms.saturating_add(self.span_ms);
         let mut parts: Vec<i32> = self.horizons.keys().copied().collect();
         parts.sort_unstable();
         for p in parts {
+            let (cascaded_to, applied) = store.cascade(p, now_ms.saturating_add(2 * self.span_ms))?;
+            self.follow(&applied);
+            // Jobs due at or after the cascade point are not near entries yet.
+            let until = now_ms
+                .saturating_add(self.span_ms)
+                .min(cascaded_to.saturating_sub(1));
             let h = self.horizons[&p];
             if matches!(h, Some(h) if h.run_at_ms >= until) {
                 continue;
