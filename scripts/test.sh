@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (the test broker, Debian's
 # docker-compose), then checks formatting and lints, runs the unit,
-# integration and crash tests against a real broker, and validates the
-# compose file. Run from anywhere: ./scripts/test.sh
+# integration and crash tests against a real broker, fuzzes record decoding
+# and config parsing briefly, and validates the compose file. Run from
+# anywhere: ./scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,8 @@ python3 -c "import confluent_kafka; print('confluent-kafka', confluent_kafka.ver
 
 step "format"
 cargo fmt --all -- --check
+# The fuzz crate is a workspace of its own (fuzz/), outside `--all`.
+rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 
 step "lint"
 cargo clippy --all-targets --locked -- -D warnings
@@ -40,6 +43,12 @@ step "tests"
 # by the lint step above.
 cargo test --lib --bins --tests --locked
 cargo test --doc --locked
+
+step "fuzz"
+# Record decoding and config parsing, 20 s per target from the seed corpus
+# (the first run also builds the fuzz targets, a few minutes; cached after).
+# Longer on demand: scripts/fuzz.sh 600
+scripts/fuzz.sh 20
 
 step "compose file"
 docker-compose -f docker-compose.yml config -q

@@ -22,7 +22,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, TimeZone, Utc};
 use rdkafka::message::{Headers, Message};
 
 use crate::job::{HeaderList, Job, JobId};
@@ -326,8 +326,15 @@ pub enum Context {
 }
 
 /// Format a time as the contract writes it: RFC 3339, UTC, milliseconds.
+/// A time outside the years 0000 to 9999, which RFC 3339 cannot write (a
+/// record timestamp or epoch milliseconds can name one), is written as
+/// integer epoch milliseconds, so that it reads back as the same time.
 pub fn format_time(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    if (0..=9999).contains(&t.year()) {
+        t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    } else {
+        t.timestamp_millis().to_string()
+    }
 }
 
 /// Parse a time as the contract reads it: RFC 3339 (any offset) or integer

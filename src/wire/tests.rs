@@ -95,6 +95,14 @@ proptest! {
     }
 
     #[test]
+    fn every_time_round_trips(
+        ms in DateTime::<Utc>::MIN_UTC.timestamp_millis()..=DateTime::<Utc>::MAX_UTC.timestamp_millis()
+    ) {
+        let t = Utc.timestamp_millis_opt(ms).unwrap();
+        prop_assert_eq!(parse_time(&format_time(t)).unwrap(), t);
+    }
+
+    #[test]
     fn decode_never_panics_on_arbitrary_headers(
         key in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
         value in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
@@ -198,6 +206,41 @@ fn expect_bad(headers: Vec<(&str, Option<&[u8]>)>, name: &str, problem: HeaderPr
         }
         other => panic!("expected bad header {name}, got {other:?}"),
     }
+}
+
+/// Found by the `decode_record` fuzz target: a job due in a year RFC 3339
+/// cannot write (from the record's timestamp, or epoch milliseconds in
+/// `kairos-run-at`) was encoded as `+55840-11-08T22:13:20.000Z`, which no
+/// consumer could read back: the scheduler would dead-letter it.
+#[test]
+fn times_outside_years_0_to_9999_are_written_as_epoch_millis_and_round_trip() {
+    let mut far = plain(vec![]);
+    far.timestamp_ms = Some(1_700_000_000_000_000);
+    let before_year_0 = (-62_167_219_200_001i64).to_string();
+    let after_9999 = 253_402_300_800_000i64.to_string();
+    for view in [
+        far,
+        plain(vec![("kairos-run-at", Some(before_year_0.as_bytes()))]),
+        plain(vec![("kairos-run-at", Some(after_9999.as_bytes()))]),
+    ] {
+        let Command::Schedule(job) = work(&view).unwrap() else {
+            panic!("expected a job")
+        };
+        let rec = encode(&job, "kairos.schedule");
+        let written = rec.header(header::RUN_AT).unwrap();
+        assert_eq!(written, job.run_at.timestamp_millis().to_string().as_bytes());
+        let again = decode(&view_of(&rec), Context::Schedule, &Limits::default());
+        assert_eq!(again, Ok(Command::Schedule(job.clone())));
+        let rec = encode_reschedule(job.id, job.run_at, "kairos.schedule");
+        assert_eq!(
+            decode(&view_of(&rec), Context::Schedule, &Limits::default()),
+            Ok(Command::Reschedule {
+                id: job.id,
+                run_at: job.run_at
+            })
+        );
+    }
+    assert_eq!(format_time(parse_time("0").unwrap()), "1970-01-01T00:00:00.000Z");
 }
 
 #[test]
