@@ -291,6 +291,25 @@ impl OwnedRecord {
         out
     }
 
+    /// This record as a consumer would see it at `partition` and `offset`
+    /// (tests and the fuzz targets decode records this way).
+    pub fn view(&self, partition: i32, offset: i64, timestamp_ms: Option<i64>) -> RecordView<'_> {
+        RecordView {
+            topic: &self.topic,
+            partition,
+            offset,
+            timestamp_ms,
+            key: Some(&self.key),
+            value: self.value.as_deref(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_deref()))
+                .collect(),
+            unreadable_header: None,
+        }
+    }
+
     /// The value of the first header named `name`, if any.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers

@@ -217,18 +217,5 @@ fn check_dead_letter(view: &RecordView<'_>, limits: &Limits) {
 }
 
 fn view_of(rec: &OwnedRecord) -> RecordView<'_> {
-    RecordView {
-        topic: &rec.topic,
-        partition: 0,
-        offset: 0,
-        timestamp_ms: None,
-        key: Some(&rec.key),
-        value: rec.value.as_deref(),
-        headers: rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_deref()))
-            .collect(),
-        unreadable_header: None,
-    }
+    rec.view(0, 0, None)
 }

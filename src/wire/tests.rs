@@ -2,20 +2,7 @@ use super::*;
 use proptest::prelude::*;
 
 fn view_of(rec: &OwnedRecord) -> RecordView<'_> {
-    RecordView {
-        topic: &rec.topic,
-        partition: 3,
-        offset: 42,
-        timestamp_ms: Some(1_700_000_000_000),
-        key: Some(&rec.key),
-        value: rec.value.as_deref(),
-        headers: rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_deref()))
-            .collect(),
-        unreadable_header: None,
-    }
+    rec.view(3, 42, Some(1_700_000_000_000))
 }
 
 fn plain<'a>(headers: Vec<(&'a str, Option<&'a [u8]>)>) -> RecordView<'a> {
