@@ -261,3 +261,35 @@ mod tests {
         assert_eq!(c.get("group.id"), Some("g"));
     }
 }
+
+/// Delays between attempts of a write that failed: 100 ms, doubling, at most 5 s.
+#[derive(Debug)]
+pub(crate) struct RetryDelay(std::time::Duration);
+
+impl RetryDelay {
+    /// Start at 100 ms.
+    pub(crate) fn new() -> Self {
+        RetryDelay(std::time::Duration::from_millis(100))
+    }
+
+    /// The delay before the next attempt.
+    pub(crate) fn next_delay(&mut self) -> std::time::Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(std::time::Duration::from_secs(5));
+        d
+    }
+}
+
+#[cfg(test)]
+mod retry_delay_tests {
+    use super::RetryDelay;
+    use std::time::Duration;
+
+    #[test]
+    fn doubles_from_100_ms_up_to_5_s() {
+        let mut d = RetryDelay::new();
+        let got: Vec<u64> = (0..8).map(|_| d.next_delay().as_millis() as u64).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(d.next_delay(), Duration::from_secs(5));
+    }
+}

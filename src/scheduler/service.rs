@@ -562,7 +562,7 @@ fn send_all_retrying(
 ) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
     let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
         (0..records.len()).map(|_| None).collect();
-    let mut backoff = Duration::from_millis(100);
+    let mut delay = kafka::RetryDelay::new();
     loop {
         let pending: Vec<usize> = (0..records.len()).filter(|i| out[*i].is_none()).collect();
         if pending.is_empty() {
@@ -589,8 +589,7 @@ fn send_all_retrying(
                     "stopped with writes unacknowledged; their records will be re-read".into(),
                 ));
             }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            std::thread::sleep(delay.next_delay());
         }
     }
 }

@@ -650,7 +650,7 @@ where
     Fut: Future<Output = Result<T, E>>,
     E: std::fmt::Display,
 {
-    let mut backoff = Duration::from_millis(100);
+    let mut delay = kafka::RetryDelay::new();
     loop {
         match futures::executor::block_on(f()) {
             Ok(_) => return true,
@@ -659,8 +659,7 @@ where
         if shared.stop.is_cancelled() || cancel.is_some_and(|c| c.is_cancelled()) {
             return false;
         }
-        std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        std::thread::sleep(delay.next_delay());
     }
 }
 
@@ -864,7 +863,7 @@ async fn settle(
     outcome: Outcome,
     cancel: &CancellationToken,
 ) -> bool {
-    let mut backoff = Duration::from_millis(100);
+    let mut delay = kafka::RetryDelay::new();
     loop {
         let result: Result<(), String> = match &outcome {
             Outcome::Done { follow_ups } => {
@@ -920,8 +919,7 @@ async fn settle(
         if cancel.is_cancelled() {
             return false; // re-delivered to the partition's next owner
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(delay.next_delay()).await;
     }
 }
 
