@@ -115,6 +115,44 @@ pub async fn send(
     producer.send(fr, Timeout::Never).await.map_err(|(e, _)| e)
 }
 
+/// Hand a record to librdkafka now, in call order, and return a future of
+/// its acknowledgement. Records enqueued one after the other keep their order
+/// per partition (the producer is idempotent), so a caller can enqueue the
+/// next batch while the previous one is still being acknowledged. A full
+/// local queue is waited out here (briefly), never skipped.
+pub async fn enqueue(
+    producer: &FutureProducer,
+    rec: &OwnedRecord,
+    partition: Option<i32>,
+) -> impl std::future::Future<Output = Result<Delivery, KafkaError>> + Send + 'static {
+    loop {
+        let mut fr = FutureRecord::to(&rec.topic)
+            .key(&rec.key)
+            .headers(rec.kafka_headers());
+        if let Some(v) = &rec.value {
+            fr = fr.payload(v);
+        }
+        if let Some(p) = partition {
+            fr = fr.partition(p);
+        }
+        let result = match producer.send_result(fr) {
+            Ok(delivery) => Ok(delivery),
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                continue;
+            }
+            Err((e, _)) => Err(e),
+        };
+        return async move {
+            match result?.await {
+                Ok(Ok(d)) => Ok(d),
+                Ok(Err((e, _))) => Err(e),
+                Err(_) => Err(KafkaError::Canceled),
+            }
+        };
+    }
+}
+
 /// Run a blocking librdkafka call: on tokio's blocking pool inside a runtime,
 /// inline on a plain thread (the worker's and scheduler's poll threads).
 async fn blocking<T: Send + 'static>(

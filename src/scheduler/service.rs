@@ -103,8 +103,8 @@ struct Shared {
     wheel: Mutex<TimerWheel>,
     /// Wakes the dispatcher: a job due sooner, a new partition, shutdown.
     wake: Notify,
-    /// Partitions with a fire in flight; revocation waits for them.
-    firing: Mutex<HashSet<i32>>,
+    /// Fire batches in flight per partition; revocation waits for them.
+    firing: Mutex<HashMap<i32, usize>>,
     /// Signalled when `firing` shrinks.
     firing_done: Condvar,
     /// Writes fired jobs, changelog records and dead letters.
@@ -157,7 +157,7 @@ impl Scheduler {
                 store,
                 wheel: Mutex::new(wheel),
                 wake: Notify::new(),
-                firing: Mutex::new(HashSet::new()),
+                firing: Mutex::new(HashMap::new()),
                 firing_done: Condvar::new(),
                 producer,
                 clock,
@@ -289,7 +289,7 @@ impl ConsumerContext for Ctx {
         // Wait for a fire in flight from these partitions to finish.
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut firing = self.shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-        while parts.iter().any(|p| firing.contains(p)) && Instant::now() < deadline {
+        while parts.iter().any(|p| firing.contains_key(p)) && Instant::now() < deadline {
             firing = self
                 .shared
                 .firing_done
@@ -596,11 +596,20 @@ fn send_all_retrying(
 
 // ---------------------------------------------------------------- dispatch
 
+/// Fire batches whose writes may be in flight at once. The next batch is
+/// handed to librdkafka while earlier ones are still being acknowledged,
+/// tombstoned and deleted, so jobs coming due meanwhile do not wait for that.
+/// Records are enqueued in firing order and the idempotent producer keeps
+/// that order per partition; a write that fails fails the later ones of its
+/// partition too, and they all go back into the window in run-at order.
+const FIRES_IN_FLIGHT: u32 = 32;
+
 async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(FIRES_IN_FLIGHT as usize));
     loop {
         if shared.stop.is_cancelled() {
-            return;
+            break;
         }
         let now = shared.clock.now().timestamp_millis();
         let (due, wake_at) = {
@@ -609,13 +618,16 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                 if let Err(e) = w.refill(&shared.store, now) {
                     drop(w);
                     shared.fail(e.to_string());
-                    return;
+                    break;
                 }
             }
             let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
             if !due.is_empty() {
                 let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-                firing.extend(due.iter().map(|(k, _)| k.partition));
+                let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
+                for p in parts {
+                    *firing.entry(p).or_insert(0) += 1;
+                }
             }
             let wake = [w.next_run_at_ms(), w.refill_due_ms()]
                 .into_iter()
@@ -624,13 +636,31 @@ async fn dispatch_loop(shared: Arc<Shared>) {
             (due, wake)
         };
         if !due.is_empty() {
-            let ok = fire(&shared, due).await;
-            shared.firing.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            shared.firing_done.notify_all();
-            if let Err(e) = ok {
-                shared.fail(e.to_string());
-                return;
-            }
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                break;
+            };
+            let writes = start_fire(&shared, &due).await;
+            let s = shared.clone();
+            tokio::spawn(async move {
+                let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
+                let ok = finish_fire(&s, due, writes).await;
+                {
+                    let mut firing = s.firing.lock().unwrap_or_else(|e| e.into_inner());
+                    for p in parts {
+                        if let Some(n) = firing.get_mut(&p) {
+                            *n -= 1;
+                            if *n == 0 {
+                                firing.remove(&p);
+                            }
+                        }
+                    }
+                }
+                s.firing_done.notify_all();
+                if let Err(e) = ok {
+                    s.fail(e.to_string());
+                }
+                drop(permit);
+            });
             continue;
         }
         // Sleep until the next job is due; a wake-up re-reads the clock, so
@@ -642,37 +672,63 @@ async fn dispatch_loop(shared: Arc<Shared>) {
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = shared.wake.notified() => {}
-            _ = shared.stop.cancelled() => return,
+            _ = shared.stop.cancelled() => break,
         }
     }
+    // Let the fires in flight finish (acknowledged jobs are deleted).
+    let _ = in_flight.acquire_many(FIRES_IN_FLIGHT).await;
 }
 
-/// Fire due jobs: write each to its work topic, then tombstone and delete
-/// the ones acknowledged. Jobs whose write failed go back into the window.
-async fn fire(shared: &Arc<Shared>, due: Vec<(DueKey, StoredJob)>) -> Result<(), StoreError> {
-    let cfg = &shared.cfg;
-    // Jobs for work topics that do not exist are dead-lettered, not written
-    // (librdkafka would only time out on them). A failed look-up is retried.
+/// The writes of a fire batch, handed to librdkafka in firing order.
+type FireWrites = Vec<
+    std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<rdkafka::producer::future_producer::Delivery, KafkaError>>
+                + Send,
+        >,
+    >,
+>;
+
+/// Hand a batch of due jobs to librdkafka, in order. Jobs for work topics
+/// that do not exist are not written (librdkafka would only time out on
+/// them): their write fails at once and [`finish_fire`] dead-letters them.
+async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
     let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::new();
-    for (_, s) in &due {
+    for (_, s) in due {
         if !missing.contains_key(s.job.topic.as_str()) {
             let exists = shared.topic_check.exists(&s.job.topic).await;
             missing.insert(&s.job.topic, exists.map(|e| !e));
         }
     }
-    let results = futures::future::join_all(due.iter().map(|(_, s)| {
-        let check = &missing[s.job.topic.as_str()];
-        async move {
-            match check {
-                Ok(true) => Err(KafkaError::MessageProduction(
-                    RDKafkaErrorCode::UnknownTopicOrPartition,
-                )),
-                Ok(false) => kafka::send(&shared.producer, &wire::encode(&s.job, &s.job.topic), None).await,
-                Err(e) => Err(e.clone()),
+    let mut writes: FireWrites = Vec::with_capacity(due.len());
+    for (_, s) in due {
+        match &missing[s.job.topic.as_str()] {
+            Ok(true) => {
+                let e = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition);
+                writes.push(Box::pin(async move { Err(e) }));
+            }
+            Ok(false) => {
+                let rec = wire::encode(&s.job, &s.job.topic);
+                writes.push(Box::pin(kafka::enqueue(&shared.producer, &rec, None).await));
+            }
+            Err(e) => {
+                let e = e.clone();
+                writes.push(Box::pin(async move { Err(e) }));
             }
         }
-    }))
-    .await;
+    }
+    writes
+}
+
+/// Finish a fire batch: wait for its writes, then tombstone and delete the
+/// jobs acknowledged. Jobs whose write failed go back into the window.
+async fn finish_fire(
+    shared: &Arc<Shared>,
+    due: Vec<(DueKey, StoredJob)>,
+    writes: FireWrites,
+) -> Result<(), StoreError> {
+    let cfg = &shared.cfg;
+    let results = futures::future::join_all(writes).await;
     let now = Utc::now();
     let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
@@ -750,7 +806,12 @@ async fn fire(shared: &Arc<Shared>, due: Vec<(DueKey, StoredJob)>) -> Result<(),
     for (p, (changes, next)) in by_part {
         applied.extend(shared.store.apply(p, &changes, (next > 0).then_some(next))?);
     }
-    shared.store.flush_async().await?;
+    // A blocking flush on tokio's blocking pool: sled's `flush_async` runs on
+    // sled's own small thread pool, and several at once deadlocked it.
+    let s = shared.clone();
+    tokio::task::spawn_blocking(move || s.store.flush())
+        .await
+        .map_err(|e| StoreError::Task(format!("flush: {e}")))??;
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
     {

@@ -48,6 +48,9 @@ pub enum StoreError {
     /// A stored job could not be decoded.
     #[error("scheduler store: {0}")]
     Corrupt(#[from] CorruptJob),
+    /// The task running a store call ended abnormally (it panicked).
+    #[error("scheduler store: {0}")]
+    Task(String),
 }
 
 /// Where a pending job sits in run-at order.
@@ -888,12 +891,6 @@ impl Store {
     /// Make every applied batch durable (fsync).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
-        Ok(())
-    }
-
-    /// Make every applied batch durable, without blocking the async runtime.
-    pub async fn flush_async(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
         Ok(())
     }
 
