@@ -596,17 +596,15 @@ fn send_all_retrying(
 
 // ---------------------------------------------------------------- dispatch
 
-/// Fire batches whose writes may be in flight at once. The next batch is
-/// handed to librdkafka while earlier ones are still being acknowledged,
-/// tombstoned and deleted, so jobs coming due meanwhile do not wait for that.
-/// Records are enqueued in firing order and the idempotent producer keeps
-/// that order per partition; a write that fails fails the later ones of its
-/// partition too, and they all go back into the window in run-at order.
-const FIRES_IN_FLIGHT: u32 = 32;
-
 async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(FIRES_IN_FLIGHT as usize));
+    // Batches are handed to librdkafka here, in firing order, and finished
+    // (acknowledged, tombstoned, deleted) by the finisher, so that jobs coming
+    // due meanwhile do not wait for that. The idempotent producer keeps the
+    // order per partition; a write that fails fails the later ones of its
+    // partition too, and they all go back into the window in run-at order.
+    let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
+    let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
     loop {
         if shared.stop.is_cancelled() {
             break;
@@ -624,8 +622,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
             let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
             if !due.is_empty() {
                 let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-                let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
-                for p in parts {
+                for p in partitions_of(&due) {
                     *firing.entry(p).or_insert(0) += 1;
                 }
             }
@@ -636,31 +633,10 @@ async fn dispatch_loop(shared: Arc<Shared>) {
             (due, wake)
         };
         if !due.is_empty() {
-            let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                break;
-            };
             let writes = start_fire(&shared, &due).await;
-            let s = shared.clone();
-            tokio::spawn(async move {
-                let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
-                let ok = finish_fire(&s, due, writes).await;
-                {
-                    let mut firing = s.firing.lock().unwrap_or_else(|e| e.into_inner());
-                    for p in parts {
-                        if let Some(n) = firing.get_mut(&p) {
-                            *n -= 1;
-                            if *n == 0 {
-                                firing.remove(&p);
-                            }
-                        }
-                    }
-                }
-                s.firing_done.notify_all();
-                if let Err(e) = ok {
-                    s.fail(e.to_string());
-                }
-                drop(permit);
-            });
+            if to_finish.send((due, writes)).is_err() {
+                break; // the finisher ended: the scheduler is stopping
+            }
             continue;
         }
         // Sleep until the next job is due; a wake-up re-reads the clock, so
@@ -676,7 +652,49 @@ async fn dispatch_loop(shared: Arc<Shared>) {
         }
     }
     // Let the fires in flight finish (acknowledged jobs are deleted).
-    let _ = in_flight.acquire_many(FIRES_IN_FLIGHT).await;
+    drop(to_finish);
+    let _ = finisher.await;
+}
+
+fn partitions_of(due: &[(DueKey, StoredJob)]) -> HashSet<i32> {
+    due.iter().map(|(k, _)| k.partition).collect()
+}
+
+/// Finish fire batches as they come, merging every batch waiting into one
+/// round of tombstones, store deletes and flush.
+async fn finish_loop(
+    shared: Arc<Shared>,
+    mut inbox: tokio::sync::mpsc::UnboundedReceiver<(Vec<(DueKey, StoredJob)>, FireWrites)>,
+) {
+    while let Some(first) = inbox.recv().await {
+        let mut batches = vec![first];
+        while let Ok(b) = inbox.try_recv() {
+            batches.push(b);
+        }
+        let parts: Vec<HashSet<i32>> = batches.iter().map(|(due, _)| partitions_of(due)).collect();
+        let mut due = Vec::new();
+        let mut writes: FireWrites = Vec::new();
+        for (d, w) in batches {
+            due.extend(d);
+            writes.extend(w);
+        }
+        let ok = finish_fire(&shared, due, writes).await;
+        {
+            let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
+            for p in parts.into_iter().flatten() {
+                if let Some(n) = firing.get_mut(&p) {
+                    *n -= 1;
+                    if *n == 0 {
+                        firing.remove(&p);
+                    }
+                }
+            }
+        }
+        shared.firing_done.notify_all();
+        if let Err(e) = ok {
+            shared.fail(e.to_string());
+        }
+    }
 }
 
 /// The writes of a fire batch, handed to librdkafka in firing order.
@@ -802,16 +820,22 @@ async fn finish_fire(
         }
         e.0.push(Change::Fired(s.job.id, *k));
     }
-    let mut applied = Vec::new();
-    for (p, (changes, next)) in by_part {
-        applied.extend(shared.store.apply(p, &changes, (next > 0).then_some(next))?);
-    }
-    // A blocking flush on tokio's blocking pool: sled's `flush_async` runs on
-    // sled's own small thread pool, and several at once deadlocked it.
+    // The store's delete and flush block: on tokio's blocking pool, so that
+    // the dispatcher keeps its runtime thread (and not with sled's
+    // `flush_async`, which runs on sled's small pool and deadlocked it).
     let s = shared.clone();
-    tokio::task::spawn_blocking(move || s.store.flush())
-        .await
-        .map_err(|e| StoreError::Task(format!("flush: {e}")))??;
+    let applied = tokio::task::spawn_blocking(
+        move || -> Result<Vec<crate::scheduler::store::Applied>, StoreError> {
+            let mut applied = Vec::new();
+            for (p, (changes, next)) in by_part {
+                applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
+            }
+            s.store.flush()?;
+            Ok(applied)
+        },
+    )
+    .await
+    .map_err(|e| StoreError::Task(format!("store delete: {e}")))??;
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
     {
