@@ -38,7 +38,7 @@ use crate::config::Config;
 use crate::job::JobId;
 use crate::kafka;
 use crate::scheduler::changelog;
-use crate::scheduler::store::{Change, DueKey, Store, StoreError};
+use crate::scheduler::store::{Applied, Change, DueKey, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::scheduler::timer_wheel::TimerWheel;
 use crate::wire::{self, Command, Context, DeadLetter, OwnedRecord, RecordView};
@@ -203,6 +203,7 @@ impl Scheduler {
             })
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         let stop = shared.stop.clone();
+        let cascader = tokio::spawn(cascade_loop(shared.clone()));
         let dispatcher = dispatch_loop(shared.clone());
         tokio::pin!(dispatcher);
         tokio::pin!(shutdown);
@@ -216,6 +217,7 @@ impl Scheduler {
             _ = &mut dispatcher => {}
         }
         stop.cancel();
+        let _ = cascader.await;
         tokio::task::spawn_blocking(move || ingest.join())
             .await
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?
@@ -595,6 +597,49 @@ fn send_all_retrying(
 }
 
 // ---------------------------------------------------------------- dispatch
+
+/// Keep every owned partition's cascade point three windows ahead, off the
+/// dispatcher's path: moving far jobs into the near range writes one entry
+/// per job, and done inside a refill it held up the fires (by up to 100 ms
+/// with a short window). The refill then finds the near range ready.
+async fn cascade_loop(shared: Arc<Shared>) {
+    let span = shared.cfg.scheduler.window;
+    let every = (span / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+    loop {
+        let parts = shared.wheel().partitions();
+        let until = shared
+            .clock
+            .now()
+            .timestamp_millis()
+            .saturating_add(3 * span.as_millis() as i64);
+        for p in parts {
+            let s = shared.clone();
+            let moved = tokio::task::spawn_blocking(move || -> Result<Vec<Applied>, StoreError> {
+                let mut all = Vec::new();
+                loop {
+                    let (t, applied) = s.store.cascade(p, until)?;
+                    all.extend(applied);
+                    if t >= until || s.stop.is_cancelled() {
+                        return Ok(all);
+                    }
+                }
+            })
+            .await
+            .map_err(|e| StoreError::Task(format!("cascade: {e}")));
+            match moved {
+                Ok(Ok(applied)) => shared.wheel().follow(&applied),
+                Ok(Err(e)) | Err(e) => {
+                    shared.fail(format!("cascading partition {p}: {e}"));
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shared.stop.cancelled() => return,
+        }
+    }
+}
 
 async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);

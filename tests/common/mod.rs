@@ -192,10 +192,6 @@ impl Broker {
         cfg.topics.work = vec![format!("{p}.jobs")];
         cfg.topics.schedule_partitions = 3;
         cfg.topics.work_partitions = 3;
-        // A short window puts the cascade point about a second ahead, so that
-        // jobs due a few seconds out go to the far buckets and every test
-        // exercises the cascade into the near range.
-        cfg.scheduler.window = Duration::from_millis(500);
         cfg
     }
 }

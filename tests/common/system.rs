@@ -19,6 +19,10 @@ pub fn config(broker: &Broker, dir: &std::path::Path) -> Config {
     let mut cfg = broker.config();
     cfg.scheduler.data_dir = dir.join("scheduler");
     cfg.scheduler.group_id = unique("sched");
+    // A short window puts the cascade point about 1.5 s ahead, so that jobs
+    // due a few seconds out go to the far buckets and every test exercises
+    // the cascade into the near range. (Benchmarks keep the default.)
+    cfg.scheduler.window = Duration::from_millis(500);
     cfg.worker.group_id = unique("workers");
     cfg.worker.topics = cfg.topics.work.clone();
     cfg.worker.backoff_base = Duration::from_millis(300);
