@@ -801,6 +801,9 @@ impl Store {
 
     /// The pending job `id` of `partition`, if it is pending.
     pub fn current(&self, partition: i32, id: &JobId) -> Result<Option<StoredJob>, StoreError> {
+        // Under the write lock: a cascade moving the job between the reads of
+        // the cascade point and of the chunk would hide it.
+        let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
         let mut view = View::new(self, partition)?;
         match view.locate(id)? {
             Some(loc) => view.load(&loc, id),
