@@ -24,8 +24,9 @@
 //! **(b) Lateness.** Jobs due at a steady rate (10,000 per second) for
 //! `KAIROS_BENCH_SECS` (10), run-ats spread evenly, each written
 //! 2 s before its run-at. Lateness = the time a consumer receives the fired
-//! record − run-at (also reported: the fired record's CreateTime, stamped by
-//! the scheduler's producer when it fires, − run-at). Baseline: the raw
+//! record − run-at, and the fire time − run-at (the issue's definition): the
+//! fired record's CreateTime, stamped by the scheduler's producer when it
+//! fires, − run-at. Both get a verdict against the 10 ms target. Baseline: the raw
 //! pipe's latency at the same rate, each record written at its "run-at" to a
 //! plain topic: the floor any scheduler on this broker and producer sees.
 //! When 10,000/s is not sustained (a job fires over 1 s late: a backlog is
@@ -701,6 +702,20 @@ fn main() {
                 if sustained { "yes" } else { "no" },
                 if k == 0 { "" } else { " (target is at 10,000/s)" },
                 pass(complete && p99 <= TARGET_P99_MS && rate >= 10_000)
+            );
+            println!("  {line}");
+            summary.push(line);
+            // The issue defines lateness as fire time − run-at. The fire time
+            // is when the scheduler writes the job: its producer stamps it as
+            // the record's CreateTime. The line above adds the trip through
+            // the broker to a consumer, which the raw pipe shows on its own.
+            let fired_p99 = pct(&kl.created, 0.99);
+            let line = format!(
+                "fire time − run-at at {rate}/s (the record's CreateTime): p50 {:.0} / p99 {fired_p99:.0} / max {:.0} ms — target p99 ≤ {TARGET_P99_MS} ms{}: {}",
+                pct(&kl.created, 0.5),
+                kl.created.last().copied().unwrap_or(f64::NAN),
+                if k == 0 { "" } else { " (target is at 10,000/s)" },
+                pass(complete && fired_p99 <= TARGET_P99_MS && rate >= 10_000)
             );
             println!("  {line}");
             summary.push(line);
