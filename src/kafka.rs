@@ -12,7 +12,6 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::Delivery;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
 
 use crate::config::{KafkaConfig, PassThrough};
 use crate::wire::OwnedRecord;
@@ -103,16 +102,7 @@ pub async fn send(
     rec: &OwnedRecord,
     partition: Option<i32>,
 ) -> Result<Delivery, KafkaError> {
-    let mut fr = FutureRecord::to(&rec.topic)
-        .key(&rec.key)
-        .headers(rec.kafka_headers());
-    if let Some(v) = &rec.value {
-        fr = fr.payload(v);
-    }
-    if let Some(p) = partition {
-        fr = fr.partition(p);
-    }
-    producer.send(fr, Timeout::Never).await.map_err(|(e, _)| e)
+    enqueue(producer, rec, partition).await.await
 }
 
 /// Hand a record to librdkafka now, in call order, and return a future of
@@ -138,7 +128,14 @@ pub async fn enqueue(
         let result = match producer.send_result(fr) {
             Ok(delivery) => Ok(delivery),
             Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                let wait = std::time::Duration::from_millis(5);
+                // Also called through `block_on` from plain threads (the
+                // ingest and poll threads), where there is no tokio timer.
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    tokio::time::sleep(wait).await;
+                } else {
+                    std::thread::sleep(wait);
+                }
                 continue;
             }
             Err((e, _)) => Err(e),
