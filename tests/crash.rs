@@ -22,12 +22,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
 use common::events;
-use common::system::enqueue_all;
 use common::{free_port, read_up_to, record_count, wait_for, Broker, Storage};
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Job, JobId, Producer};
 use rand::{Rng, SeedableRng};
 use rdkafka::Message as _;
+use std::future::IntoFuture;
 
 /// A kairos process, killed with SIGKILL when dropped.
 struct Proc {
@@ -75,6 +75,33 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Enqueue jobs, retrying the ones whose write failed (the broker may be
+/// restarting; a job written twice is the same job, by id).
+async fn enqueue_retrying(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, i64> {
+    let mut left = jobs;
+    let mut out = HashMap::new();
+    for _ in 0..60 {
+        let results =
+            futures::future::join_all(left.iter().map(|j| producer.enqueue(j.clone()).into_future())).await;
+        let mut failed = Vec::new();
+        for (j, r) in left.into_iter().zip(results) {
+            match r {
+                Ok(id) => {
+                    assert_eq!(id, j.id);
+                    out.insert(id, j.run_at.timestamp_millis());
+                }
+                Err(_) => failed.push(j),
+            }
+        }
+        if failed.is_empty() {
+            return out;
+        }
+        left = failed;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("{} jobs could not be written in a minute", left.len());
 }
 
 fn now_nanos() -> u128 {
@@ -146,15 +173,16 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     let mut workers: Vec<Proc> = (0..3).map(|_| worker()).collect();
     let mut deaths: HashMap<u32, u128> = HashMap::new();
 
-    // Jobs: each key's jobs written in sequence; a third due now, the rest
-    // over the next 12 s; one in twenty fails once and is retried.
+    // Jobs: each key's jobs written in sequence, in rounds; in each round a
+    // third are due at once, the rest up to 12 s after the round is written;
+    // one in twenty fails once and is retried. The rounds are written while
+    // the faults below happen, so that faults hit a system with jobs in flight.
     let producer = Producer::new(&cfg).unwrap();
     let work = cfg.topics.work[0].clone();
     let mut fails: HashMap<JobId, u32> = HashMap::new();
-    let mut run_at: HashMap<JobId, i64> = HashMap::new();
-    let start = Utc::now();
+    let mut rounds: Vec<Vec<(Job, i64)>> = Vec::new();
     for seq in 0..per_key {
-        let jobs: Vec<Job> = (0..keys)
+        let round: Vec<(Job, i64)> = (0..keys)
             .map(|k| {
                 let delay = if (k + seq) % 3 == 0 {
                     0
@@ -162,22 +190,33 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
                     500 + (seq as i64 * 300) % 12_000
                 };
                 let fail = u32::from((k * 7 + seq) % 20 == 0);
-                Job::new(
+                let job = Job::new(
                     &work,
                     format!("key-{k}"),
                     format!("seq={seq} work=2 fail={fail}").into_bytes(),
-                )
-                .at(start + chrono::Duration::milliseconds(delay))
+                );
+                (job, delay)
             })
             .collect();
-        for j in &jobs {
-            let f = kairos::example::Instructions::parse(&j.payload).fail;
-            fails.insert(j.id, f);
+        for (j, _) in &round {
+            fails.insert(j.id, kairos::example::Instructions::parse(&j.payload).fail);
         }
-        run_at.extend(enqueue_all(&producer, jobs).await);
+        rounds.push(round);
     }
     let total = fails.len();
-
+    let start = Utc::now();
+    let writer = tokio::spawn(async move {
+        let mut run_at: HashMap<JobId, i64> = HashMap::new();
+        for round in rounds {
+            let now = Utc::now();
+            let jobs: Vec<Job> = round
+                .into_iter()
+                .map(|(j, delay)| j.at(now + chrono::Duration::milliseconds(delay)))
+                .collect();
+            run_at.extend(enqueue_retrying(&producer, jobs).await);
+        }
+        run_at
+    });
     // Faults, each once some progress has been made since the last one.
     let mut log = Vec::new();
     let mut fault_times: Vec<u128> = Vec::new();
@@ -188,6 +227,12 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
             (succeeded(&events::read(&events), &fails).len() >= target).then_some(())
         });
         fault_times.push(now_nanos());
+        let done = succeeded(&events::read(&events), &fails).len();
+        let fired = record_count(&cfg.kafka.brokers, &work);
+        eprintln!(
+            "fault {cycle}: {:.1} s after start, {done} of {total} jobs succeeded, {fired} records on the work topic",
+            (Utc::now() - start).num_milliseconds() as f64 / 1000.0
+        );
         if cycle == broker_restart_at {
             let (storage, port) = broker.take().unwrap().kill();
             broker = Some(Broker::start_with(storage, port));
@@ -215,6 +260,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
         }
     }
     eprintln!("faults injected: {log:?}");
+    let run_at = writer.await.expect("job writer");
 
     let events_now = wait_for("every job to succeed", Duration::from_secs(300), || {
         let evs = events::read(&events);
