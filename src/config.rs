@@ -100,7 +100,9 @@ pub struct SchedulerConfig {
     /// Bytes of sled page cache; with `window_capacity`, what bounds the
     /// scheduler's memory whatever the number of pending jobs.
     pub cache_capacity: u64,
-    /// How far ahead of now jobs are held in memory.
+    /// How far ahead of now jobs are held in memory. Jobs due within three
+    /// windows have an entry each in the store; later ones sit in chunks
+    /// per time bucket.
     #[serde(with = "humantime_serde")]
     pub window: Duration,
     /// Most jobs held in memory at once.
