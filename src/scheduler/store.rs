@@ -506,7 +506,7 @@ impl<'a> View<'a> {
                 seq: h.seq,
             };
             return Ok(match self.store.tree.get(d_key(&k))? {
-                Some(v) if StoredJob::decode(&v)?.job.id == *id => Some(Loc::Near(k)),
+                Some(v) if StoredJob::peek_id_seq(&v).map(|(i, _)| i) == Some(*id) => Some(Loc::Near(k)),
                 _ => None,
             });
         }
@@ -638,7 +638,7 @@ impl<'a> Writer<'a> {
                 let here = match self.view.overlay.get(id) {
                     Some(o) => o.as_ref() == Some(&Loc::Near(*k)),
                     None => matches!(self.store().tree.get(d_key(k))?,
-                        Some(v) if StoredJob::decode(&v)?.job.id == *id),
+                        Some(v) if StoredJob::peek_id_seq(&v).map(|(i, _)| i) == Some(*id)),
                 };
                 if here {
                     self.remove(*id, Loc::Near(*k));

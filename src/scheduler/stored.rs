@@ -50,6 +50,17 @@ impl StoredJob {
         out
     }
 
+    /// The id and seq of encoded bytes, without decoding the rest (`None`
+    /// when the bytes are not a job of this format).
+    pub fn peek_id_seq(bytes: &[u8]) -> Option<(JobId, u64)> {
+        if bytes.first() != Some(&FORMAT) {
+            return None;
+        }
+        let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
+        let seq = u64::from_be_bytes(bytes.get(17..25)?.try_into().ok()?);
+        Some((JobId::from_bytes(id), seq))
+    }
+
     /// Decode bytes written by [`StoredJob::encode`].
     pub fn decode(bytes: &[u8]) -> Result<StoredJob, CorruptJob> {
         let mut r = Reader(bytes);
@@ -167,6 +178,17 @@ mod tests {
         job.headers.push(("null".into(), None));
         job.last_error = Some("boom".into());
         StoredJob { job, seq: 42 }
+    }
+
+    #[test]
+    fn peeks_id_and_seq_without_decoding() {
+        let s = sample();
+        assert_eq!(StoredJob::peek_id_seq(&s.encode()), Some((s.job.id, s.seq)));
+        assert_eq!(StoredJob::peek_id_seq(&[]), None);
+        assert_eq!(StoredJob::peek_id_seq(&s.encode()[..20]), None);
+        let mut other = s.encode();
+        other[0] = FORMAT + 1;
+        assert_eq!(StoredJob::peek_id_seq(&other), None);
     }
 
     #[test]
