@@ -736,30 +736,14 @@ async fn drive(
         if halted && running.is_empty() {
             return;
         }
-        let inbox_open = tokio::select! {
-            _ = halt.cancelled(), if !halted => {
-                halted = true;
-                true
+        // The inbox never closes while a driver runs: its senders live in
+        // `Shared`, which the driver holds.
+        tokio::select! {
+            _ = halt.cancelled(), if !halted => halted = true,
+            Some(starts) = inbox.recv() => {
+                running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
             }
-            starts = inbox.recv() => match starts {
-                Some(starts) => {
-                    running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
-                    true
-                }
-                None => false,
-            },
-            Some(f) = running.next(), if !running.is_empty() => {
-                done.push(f);
-                true
-            }
-        };
-        if !inbox_open {
-            // Only when the worker is dropped without `halt`: finish what runs.
-            while let Some(f) = running.next().await {
-                done.push(f);
-                settle_finished(&shared, &mut done);
-            }
-            return;
+            Some(f) = running.next(), if !running.is_empty() => done.push(f),
         }
         // Whatever else finished meanwhile is settled in the same lock.
         while let Some(Some(f)) = running.next().now_or_never() {
