@@ -313,6 +313,26 @@ fn chunked(jobs: Vec<StoredJob>) -> Vec<Vec<StoredJob>> {
     out
 }
 
+/// Write far jobs as chunks per bucket, numbering the chunks from the checkpoint.
+fn write_far(
+    batch: &mut sled::Batch,
+    partition: i32,
+    cp: &mut Checkpoint,
+    far: BTreeMap<i64, Vec<StoredJob>>,
+) {
+    for (bucket, jobs) in far {
+        for c in chunked(jobs) {
+            batch.insert(&b_key(partition, bucket, cp.next_chunk)[..], encode_chunk(&c));
+            cp.next_chunk += 1;
+        }
+    }
+}
+
+/// Whether the stored bytes are the job `id` (read from their first bytes only).
+fn is_job(v: &[u8], id: &JobId) -> bool {
+    StoredJob::peek_id_seq(v).is_some_and(|(i, _)| i == *id)
+}
+
 /// Where a job was put: id, run-at, seq.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Hint {
@@ -412,6 +432,11 @@ impl<'a> Hints<'a> {
         Ok(start)
     }
 
+    /// Whether this batch changed any chunk.
+    fn changed(&self) -> bool {
+        self.chunks.values().any(|(_, dirty)| *dirty)
+    }
+
     fn get(&mut self, id: &[u8; 16]) -> Result<Option<Hint>, StoreError> {
         let c = self.chunk_of(id)?;
         let hints = &self.chunks[&c].0;
@@ -506,7 +531,7 @@ impl<'a> View<'a> {
                 seq: h.seq,
             };
             return Ok(match self.store.tree.get(d_key(&k))? {
-                Some(v) if StoredJob::peek_id_seq(&v).map(|(i, _)| i) == Some(*id) => Some(Loc::Near(k)),
+                Some(v) if is_job(&v, id) => Some(Loc::Near(k)),
                 _ => None,
             });
         }
@@ -637,8 +662,7 @@ impl<'a> Writer<'a> {
                 // believed): looking it up would touch scattered id chunks.
                 let here = match self.view.overlay.get(id) {
                     Some(o) => o.as_ref() == Some(&Loc::Near(*k)),
-                    None => matches!(self.store().tree.get(d_key(k))?,
-                        Some(v) if StoredJob::peek_id_seq(&v).map(|(i, _)| i) == Some(*id)),
+                    None => matches!(self.store().tree.get(d_key(k))?, Some(v) if is_job(&v, id)),
                 };
                 if here {
                     self.remove(*id, Loc::Near(*k));
@@ -668,14 +692,18 @@ impl<'a> Writer<'a> {
                 self.batch.insert(&chunk[..], encode_chunk(&left));
             }
         }
-        for (bucket, jobs) in std::mem::take(&mut self.new_far) {
-            for c in chunked(jobs) {
-                let n = self.view.cp.next_chunk;
-                self.view.cp.next_chunk += 1;
-                self.batch.insert(&b_key(p, bucket, n)[..], encode_chunk(&c));
-            }
-        }
-        let first_near = self.store().next_due(p)?.map_or(i64::MAX, |k| k.run_at_ms);
+        write_far(
+            &mut self.batch,
+            p,
+            &mut self.view.cp,
+            std::mem::take(&mut self.new_far),
+        );
+        // Only needed to drop stale hints from chunks this batch rewrites.
+        let first_near = if self.view.hints.changed() {
+            self.store().next_due(p)?.map_or(i64::MAX, |k| k.run_at_ms)
+        } else {
+            i64::MAX
+        };
         let t = self.view.cp.cascaded_to;
         if let Some(next) = changelog_next {
             self.view.cp.changelog_next = self.view.cp.changelog_next.max(next);
@@ -787,12 +815,7 @@ impl Store {
                 }
             }
         }
-        for (bucket, jobs) in far {
-            for c in chunked(jobs) {
-                batch.insert(&b_key(partition, bucket, cp.next_chunk)[..], encode_chunk(&c));
-                cp.next_chunk += 1;
-            }
-        }
+        write_far(&mut batch, partition, &mut cp, far);
         cp.cascaded_to = new_t;
         batch.insert(&m_key(partition)[..], &encode_checkpoint(&cp)[..]);
         self.tree.apply_batch(batch)?;
