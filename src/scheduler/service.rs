@@ -316,9 +316,7 @@ impl ConsumerContext for Ctx {
                     let timeout = self.shared.cfg.scheduler.rebuild_timeout;
                     // Place the cascade point before the rebuild, so that the
                     // replayed jobs land at their final level at once.
-                    let window = self.shared.cfg.scheduler.window.as_millis() as i64;
-                    let now = self.shared.clock.now().timestamp_millis();
-                    if let Err(e) = self.shared.store.cascade(*p, now.saturating_add(2 * window)) {
+                    if let Err(e) = self.shared.store.cascade(*p, cascade_until(&self.shared)) {
                         self.shared.fail(format!("preparing partition {p}: {e}"));
                         return;
                     }
@@ -603,18 +601,12 @@ fn send_all_retrying(
 /// per job, and done inside a refill it held up the fires (by up to 100 ms
 /// with a short window). The refill then finds the near range ready.
 async fn cascade_loop(shared: Arc<Shared>) {
-    let span = shared.cfg.scheduler.window;
-    let every = (span / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+    let every = (shared.cfg.scheduler.window / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     loop {
         let parts = shared.wheel().partitions();
-        let until = shared
-            .clock
-            .now()
-            .timestamp_millis()
-            .saturating_add(3 * span.as_millis() as i64);
+        let until = cascade_until(&shared);
         for p in parts {
-            let s = shared.clone();
-            let moved = tokio::task::spawn_blocking(move || -> Result<Vec<Applied>, StoreError> {
+            let moved = blocking_store(&shared, "cascade", move |s| {
                 let mut all = Vec::new();
                 loop {
                     let (t, applied) = s.store.cascade(p, until)?;
@@ -624,11 +616,10 @@ async fn cascade_loop(shared: Arc<Shared>) {
                     }
                 }
             })
-            .await
-            .map_err(|e| StoreError::Task(format!("cascade: {e}")));
+            .await;
             match moved {
-                Ok(Ok(applied)) => shared.wheel().follow(&applied),
-                Ok(Err(e)) | Err(e) => {
+                Ok(applied) => shared.wheel().follow(&applied),
+                Err(e) => {
                     shared.fail(format!("cascading partition {p}: {e}"));
                     return;
                 }
@@ -639,6 +630,25 @@ async fn cascade_loop(shared: Arc<Shared>) {
             _ = shared.stop.cancelled() => return,
         }
     }
+}
+
+/// Where the cascade point is kept: three windows ahead of now.
+fn cascade_until(shared: &Shared) -> i64 {
+    let window = shared.cfg.scheduler.window.as_millis() as i64;
+    shared.clock.now().timestamp_millis().saturating_add(3 * window)
+}
+
+/// Run store calls on tokio's blocking pool (sled blocks; its own
+/// `flush_async` runs on sled's small pool, and several at once deadlocked it).
+async fn blocking_store<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    what: &str,
+    f: impl FnOnce(&Shared) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let s = shared.clone();
+    tokio::task::spawn_blocking(move || f(&s))
+        .await
+        .map_err(|e| StoreError::Task(format!("{what}: {e}")))?
 }
 
 async fn dispatch_loop(shared: Arc<Shared>) {
@@ -655,7 +665,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
             break;
         }
         let now = shared.clock.now().timestamp_millis();
-        let (due, wake_at) = {
+        let (due, parts, wake_at) = {
             let mut w = shared.wheel();
             if w.refill_due_ms().is_some_and(|t| t <= now) {
                 if let Err(e) = w.refill(&shared.store, now) {
@@ -665,21 +675,22 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                 }
             }
             let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
-            if !due.is_empty() {
+            let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
+            if !parts.is_empty() {
                 let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-                for p in partitions_of(&due) {
-                    *firing.entry(p).or_insert(0) += 1;
+                for p in &parts {
+                    *firing.entry(*p).or_insert(0) += 1;
                 }
             }
             let wake = [w.next_run_at_ms(), w.refill_due_ms()]
                 .into_iter()
                 .flatten()
                 .min();
-            (due, wake)
+            (due, parts, wake)
         };
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
-            if to_finish.send((due, writes)).is_err() {
+            if to_finish.send(FireBatch { due, writes, parts }).is_err() {
                 break; // the finisher ended: the scheduler is stopping
             }
             continue;
@@ -701,27 +712,29 @@ async fn dispatch_loop(shared: Arc<Shared>) {
     let _ = finisher.await;
 }
 
-fn partitions_of(due: &[(DueKey, StoredJob)]) -> HashSet<i32> {
-    due.iter().map(|(k, _)| k.partition).collect()
+/// Due jobs handed to librdkafka, waiting for the finisher.
+struct FireBatch {
+    due: Vec<(DueKey, StoredJob)>,
+    writes: FireWrites,
+    /// The partitions of `due`, each counted once in `Shared::firing`.
+    parts: HashSet<i32>,
 }
 
 /// Finish fire batches as they come, merging every batch waiting into one
 /// round of tombstones, store deletes and flush.
-async fn finish_loop(
-    shared: Arc<Shared>,
-    mut inbox: tokio::sync::mpsc::UnboundedReceiver<(Vec<(DueKey, StoredJob)>, FireWrites)>,
-) {
+async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mpsc::UnboundedReceiver<FireBatch>) {
     while let Some(first) = inbox.recv().await {
         let mut batches = vec![first];
         while let Ok(b) = inbox.try_recv() {
             batches.push(b);
         }
-        let parts: Vec<HashSet<i32>> = batches.iter().map(|(due, _)| partitions_of(due)).collect();
+        let mut parts: Vec<HashSet<i32>> = Vec::new();
         let mut due = Vec::new();
         let mut writes: FireWrites = Vec::new();
-        for (d, w) in batches {
-            due.extend(d);
-            writes.extend(w);
+        for b in batches {
+            due.extend(b.due);
+            writes.extend(b.writes);
+            parts.push(b.parts);
         }
         let ok = finish_fire(&shared, due, writes).await;
         {
@@ -865,22 +878,16 @@ async fn finish_fire(
         }
         e.0.push(Change::Fired(s.job.id, *k));
     }
-    // The store's delete and flush block: on tokio's blocking pool, so that
-    // the dispatcher keeps its runtime thread (and not with sled's
-    // `flush_async`, which runs on sled's small pool and deadlocked it).
-    let s = shared.clone();
-    let applied = tokio::task::spawn_blocking(
-        move || -> Result<Vec<crate::scheduler::store::Applied>, StoreError> {
-            let mut applied = Vec::new();
-            for (p, (changes, next)) in by_part {
-                applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
-            }
-            s.store.flush()?;
-            Ok(applied)
-        },
-    )
-    .await
-    .map_err(|e| StoreError::Task(format!("store delete: {e}")))??;
+    // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
+    let applied = blocking_store(shared, "store delete", move |s| {
+        let mut applied: Vec<Applied> = Vec::new();
+        for (p, (changes, next)) in by_part {
+            applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
+        }
+        s.store.flush()?;
+        Ok(applied)
+    })
+    .await?;
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
     {
