@@ -276,27 +276,6 @@ pub async fn partition_count(
     .await
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn user_settings_override_defaults() {
-        let mut cfg = KafkaConfig::default();
-        cfg.client.insert("security.protocol".into(), "ssl".into());
-        cfg.producer.insert("linger.ms".into(), "50".into());
-        cfg.consumer.insert("auto.offset.reset".into(), "latest".into());
-        let p = producer_config(&cfg, "p");
-        assert_eq!(p.get("linger.ms"), Some("50"));
-        assert_eq!(p.get("security.protocol"), Some("ssl"));
-        assert_eq!(p.get("enable.idempotence"), Some("true"));
-        let c = consumer_config(&cfg, "g", "c");
-        assert_eq!(c.get("auto.offset.reset"), Some("latest"));
-        assert_eq!(c.get("linger.ms"), None);
-        assert_eq!(c.get("group.id"), Some("g"));
-    }
-}
-
 /// Delays between attempts of a write that failed: 100 ms, doubling, at most 5 s.
 #[derive(Debug)]
 pub(crate) struct RetryDelay(std::time::Duration);
@@ -316,15 +295,30 @@ impl RetryDelay {
 }
 
 #[cfg(test)]
-mod retry_delay_tests {
-    use super::RetryDelay;
-    use std::time::Duration;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_settings_override_defaults() {
+        let mut cfg = KafkaConfig::default();
+        cfg.client.insert("security.protocol".into(), "ssl".into());
+        cfg.producer.insert("linger.ms".into(), "50".into());
+        cfg.consumer.insert("auto.offset.reset".into(), "latest".into());
+        let p = producer_config(&cfg, "p");
+        assert_eq!(p.get("linger.ms"), Some("50"));
+        assert_eq!(p.get("security.protocol"), Some("ssl"));
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        let c = consumer_config(&cfg, "g", "c");
+        assert_eq!(c.get("auto.offset.reset"), Some("latest"));
+        assert_eq!(c.get("linger.ms"), None);
+        assert_eq!(c.get("group.id"), Some("g"));
+    }
 
     #[test]
     fn doubles_from_100_ms_up_to_5_s() {
         let mut d = RetryDelay::new();
         let got: Vec<u64> = (0..8).map(|_| d.next_delay().as_millis() as u64).collect();
         assert_eq!(got, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        assert_eq!(d.next_delay(), Duration::from_secs(5));
+        assert_eq!(d.next_delay(), std::time::Duration::from_secs(5));
     }
 }
