@@ -37,7 +37,7 @@
 mod common;
 mod support;
 
-use support::job_count;
+use support::{job_count, now_ms, runtime};
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,10 +79,6 @@ fn now_us() -> i64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_micros() as i64
-}
-
-fn now_ms() -> i64 {
-    now_us() / 1000
 }
 
 fn pass(ok: bool) -> &'static str {
@@ -396,15 +392,9 @@ fn throughput_raw(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies
         Instant::now() + Duration::from_secs(600),
     );
     r.wait_ready();
-    let mut w = Writer::new(&cfg, &topic);
-    let run_at = now_ms() - 1000;
+    let w = Writer::new(&cfg, &topic);
     let t0 = now_us();
-    for (i, k) in bodies.keys.iter().enumerate() {
-        w.send(k, &bodies.payloads[i % bodies.payloads.len()], run_at);
-    }
-    let failed = w.finish();
-    let written = now_us();
-    assert_eq!(failed, 0, "raw writes failed");
+    let written = write_past_due(w, bodies, "raw");
     let seen = r.finish();
     assert_eq!(seen.len(), n, "raw records read back");
     let last = seen.iter().map(|s| s.at_us).max().expect("records");
@@ -414,6 +404,19 @@ fn throughput_raw(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies
         ingested_secs: None,
         duplicates: 0,
     }
+}
+
+/// Write every body as a record due a second ago; returns when the last
+/// write was acknowledged (µs since the epoch).
+fn write_past_due(mut w: Writer, bodies: &Bodies, what: &str) -> i64 {
+    let run_at = now_ms() - 1000;
+    for (i, k) in bodies.keys.iter().enumerate() {
+        w.send(k, &bodies.payloads[i % bodies.payloads.len()], run_at);
+    }
+    let failed = w.finish();
+    let written = now_us();
+    assert_eq!(failed, 0, "{what} writes failed");
+    written
 }
 
 fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
@@ -431,7 +434,7 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
     let handle = running.handle.clone();
     let watch_stop = Arc::new(AtomicBool::new(false));
     let ws = watch_stop.clone();
-    let mut w = Writer::new(&cfg, &cfg.topics.schedule);
+    let w = Writer::new(&cfg, &cfg.topics.schedule);
     let t0 = now_us();
     let watcher = std::thread::spawn(move || {
         while !ws.load(Ordering::Relaxed) {
@@ -442,13 +445,7 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
         }
         None
     });
-    let run_at = now_ms() - 1000;
-    for (i, k) in bodies.keys.iter().enumerate() {
-        w.send(k, &bodies.payloads[i % bodies.payloads.len()], run_at);
-    }
-    let failed = w.finish();
-    let written = now_us();
-    assert_eq!(failed, 0, "schedule writes failed");
+    let written = write_past_due(w, bodies, "schedule");
     let seen = r.finish();
     let ingested = {
         watch_stop.store(true, Ordering::Relaxed);
@@ -606,11 +603,7 @@ fn main() {
     let secs = env_u64("KAIROS_BENCH_SECS", 10).max(1);
     let rounds = env_u64("KAIROS_BENCH_ROUNDS", 2).max(1);
     let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let broker = Broker::start();
     println!(
         "scheduler_e2e: broker nisshi on {}, {} cores, {PAYLOAD_BYTES}-byte payloads, 36-char keys, \

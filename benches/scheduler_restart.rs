@@ -44,7 +44,7 @@
 mod common;
 mod support;
 
-use support::{bench_dir, job_count};
+use support::{bench_dir, job_count, runtime};
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -680,11 +680,7 @@ fn main() {
         "dynamic" => vec![false],
         _ => vec![false, true],
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let broker = Broker::start();
     println!(
         "scheduler_restart: P = {p} pending, {rounds} kill -9 + restart rounds per membership setting, \

@@ -65,6 +65,15 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
+/// The benches' tokio runtime: two worker threads, one per core here.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Generates the same job sequence for a given seed: 36-character UUID keys,
 /// 100-byte random payloads, run-at uniform over `[base_ms, base_ms + spread_ms)`,
 /// partitions round-robin, per-partition arrival sequence numbers.
