@@ -597,32 +597,26 @@ fn send_all_retrying(
 // ---------------------------------------------------------------- dispatch
 
 /// Keep every owned partition's cascade point three windows ahead, off the
-/// dispatcher's path: moving far jobs into the near range writes one entry
-/// per job, and done inside a refill it held up the fires (by up to 100 ms
-/// with a short window). The refill then finds the near range ready.
+/// dispatcher's path: moving far jobs into the near range rewrites their
+/// chunks, and done inside a refill it held up the fires (by up to 100 ms
+/// with a short window). The refill then finds the near range ready. The
+/// window has nothing to follow: cascaded jobs are beyond its horizons.
 async fn cascade_loop(shared: Arc<Shared>) {
     let every = (shared.cfg.scheduler.window / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     loop {
         let parts = shared.wheel().partitions();
         let until = cascade_until(&shared);
         for p in parts {
-            let moved = blocking_store(&shared, "cascade", move |s| {
-                let mut all = Vec::new();
-                loop {
-                    let (t, applied) = s.store.cascade(p, until)?;
-                    all.extend(applied);
-                    if t >= until || s.stop.is_cancelled() {
-                        return Ok(all);
-                    }
+            let moved = blocking_store(&shared, "cascade", move |s| loop {
+                let t = s.store.cascade(p, until)?;
+                if t >= until || s.stop.is_cancelled() {
+                    return Ok(());
                 }
             })
             .await;
-            match moved {
-                Ok(applied) => shared.wheel().follow(&applied),
-                Err(e) => {
-                    shared.fail(format!("cascading partition {p}: {e}"));
-                    return;
-                }
+            if let Err(e) = moved {
+                shared.fail(format!("cascading partition {p}: {e}"));
+                return;
             }
         }
         tokio::select! {

@@ -50,15 +50,16 @@ impl StoredJob {
         out
     }
 
-    /// The id and seq of encoded bytes, without decoding the rest (`None`
-    /// when the bytes are not a job of this format).
-    pub fn peek_id_seq(bytes: &[u8]) -> Option<(JobId, u64)> {
+    /// The id, seq and run-at (ms) of encoded bytes, without decoding the
+    /// rest (`None` when the bytes are not a job of this format).
+    pub fn peek(bytes: &[u8]) -> Option<(JobId, u64, i64)> {
         if bytes.first() != Some(&FORMAT) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
         let seq = u64::from_be_bytes(bytes.get(17..25)?.try_into().ok()?);
-        Some((JobId::from_bytes(id), seq))
+        let run_at_ms = i64::from_be_bytes(bytes.get(25..33)?.try_into().ok()?);
+        Some((JobId::from_bytes(id), seq, run_at_ms))
     }
 
     /// Decode bytes written by [`StoredJob::encode`].
@@ -181,14 +182,15 @@ mod tests {
     }
 
     #[test]
-    fn peeks_id_and_seq_without_decoding() {
+    fn peeks_id_seq_and_run_at_without_decoding() {
         let s = sample();
-        assert_eq!(StoredJob::peek_id_seq(&s.encode()), Some((s.job.id, s.seq)));
-        assert_eq!(StoredJob::peek_id_seq(&[]), None);
-        assert_eq!(StoredJob::peek_id_seq(&s.encode()[..20]), None);
+        let run_at = s.job.run_at.timestamp_millis();
+        assert_eq!(StoredJob::peek(&s.encode()), Some((s.job.id, s.seq, run_at)));
+        assert_eq!(StoredJob::peek(&[]), None);
+        assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();
         other[0] = FORMAT + 1;
-        assert_eq!(StoredJob::peek_id_seq(&other), None);
+        assert_eq!(StoredJob::peek(&other), None);
     }
 
     #[test]

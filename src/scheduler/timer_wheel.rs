@@ -151,9 +151,10 @@ impl TimerWheel {
         let mut parts: Vec<i32> = self.horizons.keys().copied().collect();
         parts.sort_unstable();
         for p in parts {
-            let (cascaded_to, applied) = store.cascade(p, now_ms.saturating_add(2 * self.span_ms))?;
-            self.follow(&applied);
-            // Jobs due at or after the cascade point are not near entries yet.
+            // Nothing to follow: the jobs a cascade moves are due at or after
+            // the old cascade point, beyond this partition's horizon.
+            let cascaded_to = store.cascade(p, now_ms.saturating_add(2 * self.span_ms))?;
+            // Jobs due at or after the cascade point are not in the near range yet.
             let until = now_ms
                 .saturating_add(self.span_ms)
                 .min(cascaded_to.saturating_sub(1));
