@@ -30,7 +30,7 @@
 //! **Ids.** A hint says where a job was put (run-at, seq), which does not
 //! change when it cascades. Hints are not removed when a job fires (that would
 //! touch scattered chunks on the hot path): a hint is checked against the
-//! near entry or the candidate buckets before it is believed, and stale hints
+//! near run or the candidate buckets before it is believed, and stale hints
 //! are dropped whenever their chunk is rewritten. Job ids from Kairos
 //! producers (UUIDv7) and derived ids sort by time, so a batch touches one or
 //! two hint chunks; random ids still work, at the cost of more chunk writes.
@@ -121,7 +121,7 @@ impl Default for Checkpoint {
 pub struct Store {
     /// The database (kept to flush and to report size).
     db: sled::Db,
-    /// The one tree holding `D`, `B`, `J` and `M` entries.
+    /// The one tree holding `N`, `B`, `J` and `M` entries.
     tree: sled::Tree,
     /// Serialises read-modify-write batches (ingest and dispatcher both write).
     write: Mutex<()>,
