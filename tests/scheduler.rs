@@ -238,6 +238,55 @@ async fn malformed_records_are_dead_lettered_and_past_due_jobs_fire_at_once() {
     running.stop().await;
 }
 
+/// Jobs already due when the scheduler reads them fire straight from memory:
+/// no changelog record, nothing stored, and their schedule offsets are
+/// committed once they fired. A due job that replaces a pending one still
+/// goes through the store, so the old one never fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
+    let (_broker, _dir, cfg, running) = started().await;
+    let work = cfg.topics.work[0].clone();
+    let raw = kairos::kafka::producer(&cfg.kafka, "test-writer").unwrap();
+    let write = |job: &Job| {
+        let rec = wire::encode(job, &cfg.topics.schedule);
+        let raw = raw.clone();
+        async move { kairos::kafka::send(&raw, &rec, None).await.unwrap() }
+    };
+    // One job far ahead: pending, with one changelog record.
+    let later = Job::new(&work, "k-0", b"later".to_vec()).at(Utc::now() + chrono::Duration::hours(1));
+    write(&later).await;
+    wait_for("the future job to be pending", T, || {
+        (running.handle.status().pending == 1).then_some(())
+    });
+    // 200 jobs already due, and one due job replacing the pending one.
+    let past = Utc::now() - chrono::Duration::seconds(1);
+    let mut want: HashSet<JobId> = HashSet::new();
+    for i in 0..200 {
+        let j = Job::new(&work, format!("k-{i}"), b"due".to_vec()).at(past);
+        want.insert(j.id);
+        write(&j).await;
+    }
+    let replacing = later.clone().at(past);
+    want.insert(replacing.id);
+    write(&replacing).await;
+    let fired = read_n(&cfg.kafka.brokers, &work, want.len(), T);
+    let got: HashSet<JobId> = fired.iter().map(|m| job_of(m).id).collect();
+    assert_eq!(got, want, "every due job fired once");
+    // The schedule topic is committed to its end once everything fired.
+    let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
+    assert_eq!(written, 202);
+    wait_for("the schedule topic to be committed to its end", T, || {
+        (common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule) == written)
+            .then_some(())
+    });
+    assert_eq!(running.handle.status().pending, 0, "the replaced job is gone");
+    // The changelog saw only the stored job: its put, the replacement's put
+    // and the replacement's tombstone. The 200 direct jobs wrote nothing.
+    let changelog = record_count(&cfg.kafka.brokers, &cfg.topics.changelog);
+    assert!((1..=3).contains(&changelog), "{changelog} changelog records");
+    running.stop().await;
+}
+
 /// A child process killed (SIGKILL) when dropped, so a failing test leaves no orphan.
 struct ChildGuard(Child);
 

@@ -7,6 +7,8 @@
 //! - [`timer_wheel`]: the in-memory window over the near future.
 //! - [`changelog`]: the compacted changelog that hands a partition's state
 //!   to its next owner.
+//! - [`direct`]: commit offsets of jobs already due on arrival, which fire
+//!   from memory without touching the store or the changelog.
 //! - [`service`]: ingest (consume, persist, commit), dispatch (fire on time)
 //!   and partition moves.
 //!
@@ -14,15 +16,20 @@
 //!
 //! A record of the schedule topic is committed only once its effect is in
 //! the local store (flushed to disk) *and* in the changelog (acknowledged by
-//! Kafka). A job is deleted only after its work-topic write was
-//! acknowledged. So no job is lost when a scheduler is killed at any moment.
+//! Kafka), or, for a job already due on arrival that fires straight from
+//! memory, once its work-topic write was acknowledged. A job is deleted
+//! only after its work-topic write was acknowledged. So no job is lost when
+//! a scheduler is killed at any moment.
 //!
 //! A job can fire twice when the scheduler dies after the work-topic write was
 //! acknowledged and before the deletion reached the changelog and the store,
-//! or when a partition moves in that window. The job id is the same both
-//! times, so handlers deduplicate on it.
+//! or when a partition moves in that window; a job fired straight from memory
+//! fires twice when the scheduler dies (or the partition moves) after its
+//! write was acknowledged and before its schedule offset was committed. The
+//! job id is the same both times, so handlers deduplicate on it.
 
 pub mod changelog;
+pub mod direct;
 pub mod service;
 pub mod store;
 pub mod stored;

@@ -38,6 +38,7 @@ use crate::config::Config;
 use crate::job::JobId;
 use crate::kafka;
 use crate::scheduler::changelog;
+use crate::scheduler::direct::DirectOffsets;
 use crate::scheduler::store::{Applied, Change, DueKey, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::scheduler::timer_wheel::TimerWheel;
@@ -107,6 +108,9 @@ struct Shared {
     firing: Mutex<HashMap<i32, usize>>,
     /// Signalled when `firing` shrinks.
     firing_done: Condvar,
+    /// Per schedule partition: how far it may be committed, with the jobs
+    /// fired straight from memory still in flight.
+    direct: Mutex<HashMap<i32, DirectOffsets>>,
     /// Writes fired jobs, changelog records and dead letters.
     producer: FutureProducer,
     /// Decides what is due.
@@ -136,6 +140,25 @@ impl Shared {
     fn wheel(&self) -> std::sync::MutexGuard<'_, TimerWheel> {
         self.wheel.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn direct(&self) -> std::sync::MutexGuard<'_, HashMap<i32, DirectOffsets>> {
+        self.direct.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hand the consumer every partition's committable offset that moved.
+    fn store_offsets(&self, consumer: &BaseConsumer<Ctx>) {
+        for (p, d) in self.direct().iter_mut() {
+            if let Some(offset) = d.to_store() {
+                // librdkafka commits one past the stored offset.
+                if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, *p, offset) {
+                    // The partition was revoked meanwhile: its next owner
+                    // re-reads these records and applies them again
+                    // (idempotent by job id).
+                    debug!(partition = p, error = %e, "offset not stored");
+                }
+            }
+        }
+    }
 }
 
 /// The scheduler service.
@@ -159,6 +182,7 @@ impl Scheduler {
                 wake: Notify::new(),
                 firing: Mutex::new(HashMap::new()),
                 firing_done: Condvar::new(),
+                direct: Mutex::new(HashMap::new()),
                 producer,
                 clock,
                 stop: CancellationToken::new(),
@@ -300,6 +324,15 @@ impl ConsumerContext for Ctx {
                 .0;
         }
         drop(firing);
+        // Direct jobs fired meanwhile release their offsets; those never
+        // fired are re-read by the next owner.
+        self.shared.store_offsets(consumer);
+        {
+            let mut direct = self.shared.direct();
+            for p in &parts {
+                direct.remove(p);
+            }
+        }
         match consumer.commit_consumer_state(CommitMode::Sync) {
             Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
             Err(e) => warn!(error = %e, "commit on revocation failed"),
@@ -357,6 +390,12 @@ struct PartitionBatch {
     overlay: HashMap<JobId, Option<StoredJob>>,
     /// Highest offset handled.
     last_offset: i64,
+    /// Indexes (in `changes` and `changelog`) of puts of jobs already due.
+    due_puts: Vec<usize>,
+    /// How many records of the batch name each job id.
+    mentions: HashMap<JobId, u32>,
+    /// Jobs taken out of `changes` to fire straight from memory.
+    direct: Vec<StoredJob>,
 }
 
 fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
@@ -394,11 +433,14 @@ fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
             }
             ingest_batch(shared, &consumer, msgs)?;
         }
+        // Direct jobs fired since the last batch may let offsets move.
+        shared.store_offsets(&consumer);
         if last_report.elapsed() >= cfg.scheduler.report_interval {
             last_report = Instant::now();
             report(shared, &consumer);
         }
     }
+    shared.store_offsets(&consumer);
     match consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
         Err(e) => warn!(error = %e, "final commit failed"),
@@ -414,6 +456,7 @@ fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
 
 fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
     let st = status(shared);
+    let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
     let mut lag = 0i64;
     if let Ok(pos) = consumer.position() {
         for e in pos.elements() {
@@ -427,7 +470,7 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
             }
         }
     }
-    info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, ingested = st.ingested,
+    info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
         fired = st.fired, dead_lettered = st.dead_lettered, lag, "scheduler status");
 }
 
@@ -450,6 +493,7 @@ fn ingest_batch(
     msgs: Vec<BorrowedMessage<'_>>,
 ) -> Result<(), SchedulerError> {
     let cfg = &shared.cfg;
+    let now = shared.clock.now();
     let mut parts: HashMap<i32, PartitionBatch> = HashMap::new();
     let mut dead: Vec<OwnedRecord> = Vec::new();
     for m in &msgs {
@@ -466,12 +510,17 @@ fn ingest_batch(
                     job,
                     seq: offset as u64,
                 };
+                *pb.mentions.entry(sj.job.id).or_default() += 1;
+                if sj.job.run_at <= now {
+                    pb.due_puts.push(pb.changes.len());
+                }
                 pb.changelog
                     .push(changelog::put_record(&cfg.topics.changelog, &sj));
                 pb.overlay.insert(sj.job.id, Some(sj.clone()));
                 pb.changes.push(Change::Put(sj));
             }
             Ok(Command::Cancel(id)) => {
+                *pb.mentions.entry(id).or_default() += 1;
                 if current(shared, p, &id, pb)?.is_some() {
                     debug!(job_id = %id, partition = p, offset, "cancelled");
                     shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -482,6 +531,7 @@ fn ingest_batch(
                 }
             }
             Ok(Command::Reschedule { id, run_at }) => {
+                *pb.mentions.entry(id).or_default() += 1;
                 if let Some(mut sj) = current(shared, p, &id, pb)? {
                     debug!(job_id = %id, partition = p, offset, run_at = %wire::format_time(run_at), "rescheduled");
                     sj.job.run_at = run_at;
@@ -508,9 +558,137 @@ fn ingest_batch(
             }
         }
     }
+    for (p, pb) in parts.iter_mut() {
+        pick_direct(shared, *p, pb)?;
+    }
+    let applied = persist(shared, &parts, &dead)?;
+    shared
+        .stats
+        .dead_lettered
+        .fetch_add(dead.len() as u64, Ordering::Relaxed);
+    // Direct jobs hold their offsets before the dispatcher can see them.
+    {
+        let mut direct = shared.direct();
+        for (p, pb) in &parts {
+            let d = direct.entry(*p).or_default();
+            for s in &pb.direct {
+                d.hold(s.seq as i64);
+            }
+        }
+    }
+    // Stored jobs and direct jobs enter the window together, so the
+    // dispatcher sees them in one run-at order.
+    let mut fallback: HashMap<i32, PartitionBatch> = HashMap::new();
+    {
+        let mut w = shared.wheel();
+        w.follow(&applied);
+        for (p, pb) in parts.iter_mut() {
+            for s in std::mem::take(&mut pb.direct) {
+                let k = DueKey {
+                    run_at_ms: s.job.run_at.timestamp_millis(),
+                    partition: *p,
+                    seq: s.seq,
+                };
+                if w.add_direct(k, s.clone()) {
+                    debug!(job_id = %s.job.id, partition = p, offset = s.seq, "due on arrival: firing from memory");
+                } else {
+                    let fb = fallback.entry(*p).or_default();
+                    fb.changelog
+                        .push(changelog::put_record(&cfg.topics.changelog, &s));
+                    fb.changes.push(Change::Put(s));
+                }
+            }
+        }
+    }
+    shared.wake.notify_one();
+    if !fallback.is_empty() {
+        // The window filled up meanwhile: these go the durable way.
+        let applied = persist(shared, &fallback, &[])?;
+        shared.wheel().follow(&applied);
+        shared.wake.notify_one();
+    }
+    // 3. Only now may the offsets be committed.
+    {
+        let mut direct = shared.direct();
+        for (p, pb) in &parts {
+            let d = direct.entry(*p).or_default();
+            for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
+                if let Change::Put(s) = c {
+                    d.release(s.seq as i64);
+                }
+            }
+            d.ingested(pb.last_offset);
+        }
+    }
+    shared.store_offsets(consumer);
+    shared
+        .stats
+        .ingested
+        .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Take out of `pb` the jobs that can fire straight from memory: due on
+/// arrival, named by no other record of the batch, not pending under their
+/// id (a replace must delete the old job durably), and where the window
+/// mirrors the partition up to them (so they fire in order with stored jobs).
+fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
+    debug_assert_eq!(pb.changes.len(), pb.changelog.len());
+    let mut picked: Vec<usize> = {
+        let w = shared.wheel();
+        pb.due_puts
+            .iter()
+            .copied()
+            .filter(|i| match &pb.changes[*i] {
+                Change::Put(s) => {
+                    pb.mentions.get(&s.job.id) == Some(&1)
+                        && w.may_add_direct(&DueKey {
+                            run_at_ms: s.job.run_at.timestamp_millis(),
+                            partition: p,
+                            seq: s.seq,
+                        })
+                }
+                _ => false,
+            })
+            .collect()
+    };
+    if picked.is_empty() {
+        return Ok(());
+    }
+    let id_of = |c: &Change| match c {
+        Change::Put(s) => s.job.id,
+        Change::Delete(id) | Change::Fired(id, _) => *id,
+    };
+    let ids: Vec<JobId> = picked.iter().map(|i| id_of(&pb.changes[*i])).collect();
+    let pending = shared.store.pending_ids(p, &ids)?;
+    picked.retain(|i| !pending.contains(&id_of(&pb.changes[*i])));
+    let picked: HashSet<usize> = picked.into_iter().collect();
+    let changes = std::mem::take(&mut pb.changes);
+    let records = std::mem::take(&mut pb.changelog);
+    for (i, (c, r)) in changes.into_iter().zip(records).enumerate() {
+        match c {
+            Change::Put(s) if picked.contains(&i) => pb.direct.push(s),
+            c => {
+                pb.changes.push(c);
+                pb.changelog.push(r);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write the batch's changelog records and dead letters (acknowledged by
+/// Kafka), then apply its changes to the store and flush it. Returns what
+/// changed in the near range.
+fn persist(
+    shared: &Shared,
+    parts: &HashMap<i32, PartitionBatch>,
+    dead: &[OwnedRecord],
+) -> Result<Vec<Applied>, SchedulerError> {
+    let cfg = &shared.cfg;
     // 1. Changelog and dead letters, acknowledged by Kafka.
     let mut sends: Vec<(Option<i32>, &OwnedRecord)> = Vec::new();
-    for (p, pb) in &parts {
+    for (p, pb) in parts {
         sends.extend(pb.changelog.iter().map(|r| (Some(*p), r)));
     }
     sends.extend(dead.iter().map(|r| (None, r)));
@@ -522,13 +700,12 @@ fn ingest_batch(
             *e = (*e).max(d.offset + 1);
         }
     }
-    shared
-        .stats
-        .dead_lettered
-        .fetch_add(dead.len() as u64, Ordering::Relaxed);
     // 2. The store, flushed to disk.
     let mut applied = Vec::new();
-    for (p, pb) in &parts {
+    for (p, pb) in parts {
+        if pb.changes.is_empty() && !changelog_next.contains_key(p) {
+            continue;
+        }
         applied.extend(
             shared
                 .store
@@ -536,22 +713,7 @@ fn ingest_batch(
         );
     }
     shared.store.flush()?;
-    shared.wheel().follow(&applied);
-    shared.wake.notify_one();
-    // 3. Only now may the offsets be committed.
-    for (p, pb) in &parts {
-        // librdkafka commits one past the stored offset.
-        if let Err(e) = consumer.store_offset(&cfg.topics.schedule, *p, pb.last_offset) {
-            // The partition was revoked meanwhile: its next owner re-reads
-            // these records and applies them again (idempotent by job id).
-            debug!(partition = p, error = %e, "offset not stored");
-        }
-    }
-    shared
-        .stats
-        .ingested
-        .fetch_add(msgs.len() as u64, Ordering::Relaxed);
-    Ok(())
+    Ok(applied)
 }
 
 /// Send records and wait for every acknowledgement, retrying the failed ones
@@ -659,7 +821,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
             break;
         }
         let now = shared.clock.now().timestamp_millis();
-        let (due, parts, wake_at) = {
+        let (due, direct, parts, wake_at) = {
             let mut w = shared.wheel();
             if w.refill_due_ms().is_some_and(|t| t <= now) {
                 if let Err(e) = w.refill(&shared.store, now) {
@@ -669,6 +831,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                 }
             }
             let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
+            let direct = w.take_direct(&due);
             let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
             if !parts.is_empty() {
                 let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
@@ -680,11 +843,17 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                 .into_iter()
                 .flatten()
                 .min();
-            (due, parts, wake)
+            (due, direct, parts, wake)
         };
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
-            if to_finish.send(FireBatch { due, writes, parts }).is_err() {
+            let batch = FireBatch {
+                due,
+                direct,
+                writes,
+                parts,
+            };
+            if to_finish.send(batch).is_err() {
                 break; // the finisher ended: the scheduler is stopping
             }
             continue;
@@ -709,6 +878,8 @@ async fn dispatch_loop(shared: Arc<Shared>) {
 /// Due jobs handed to librdkafka, waiting for the finisher.
 struct FireBatch {
     due: Vec<(DueKey, StoredJob)>,
+    /// Which of `due` are direct jobs (not in the store, nor the changelog).
+    direct: HashSet<DueKey>,
     writes: FireWrites,
     /// The partitions of `due`, each counted once in `Shared::firing`.
     parts: HashSet<i32>,
@@ -724,13 +895,15 @@ async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mpsc::Unbounde
         }
         let mut parts: Vec<HashSet<i32>> = Vec::new();
         let mut due = Vec::new();
+        let mut direct = HashSet::new();
         let mut writes: FireWrites = Vec::new();
         for b in batches {
             due.extend(b.due);
+            direct.extend(b.direct);
             writes.extend(b.writes);
             parts.push(b.parts);
         }
-        let ok = finish_fire(&shared, due, writes).await;
+        let ok = finish_fire(&shared, due, direct, writes).await;
         {
             let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
             for p in parts.into_iter().flatten() {
@@ -791,10 +964,12 @@ async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWr
 }
 
 /// Finish a fire batch: wait for its writes, then tombstone and delete the
-/// jobs acknowledged. Jobs whose write failed go back into the window.
+/// stored jobs acknowledged, and release the offsets of the direct ones. Jobs
+/// whose write failed go back into the window.
 async fn finish_fire(
     shared: &Arc<Shared>,
     due: Vec<(DueKey, StoredJob)>,
+    direct: HashSet<DueKey>,
     writes: FireWrites,
 ) -> Result<(), StoreError> {
     let cfg = &shared.cfg;
@@ -845,6 +1020,19 @@ async fn finish_fire(
             }
         }
     }
+    // Direct jobs: nothing stored; their schedule offsets may now be committed.
+    if !direct.is_empty() {
+        let mut offsets = shared.direct();
+        done.retain(|(k, _)| {
+            if !direct.contains(k) {
+                return true;
+            }
+            if let Some(d) = offsets.get_mut(&k.partition) {
+                d.release(k.seq as i64);
+            }
+            false
+        });
+    }
     // Tombstones, then the store.
     let tombs: Vec<(i32, OwnedRecord)> = done
         .iter()
@@ -887,7 +1075,7 @@ async fn finish_fire(
     {
         let mut w = shared.wheel();
         w.follow(&applied);
-        w.put_back(retry);
+        w.put_back(retry, &direct);
     }
     if backoff {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -1051,6 +1051,19 @@ impl Store {
         }
     }
 
+    /// Which of `ids` are pending in `partition`.
+    pub fn pending_ids(&self, partition: i32, ids: &[JobId]) -> Result<HashSet<JobId>, StoreError> {
+        let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut view = View::new(self, partition)?;
+        let mut out = HashSet::new();
+        for id in ids {
+            if view.locate(id)?.is_some() {
+                out.insert(*id);
+            }
+        }
+        Ok(out)
+    }
+
     /// Near jobs of `partition` with run-at at most `until_ms`, in run-at
     /// then arrival order, strictly after `after` (when given), at most
     /// `limit`. Only the near range is scanned: call [`Store::cascade`] up to

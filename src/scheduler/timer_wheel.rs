@@ -8,8 +8,13 @@
 //! New jobs at or before the horizon enter the window at once; later ones
 //! stay on disk until a refill reaches them. Memory is therefore bounded by
 //! `capacity`, whatever the number of pending jobs.
+//!
+//! *Direct* jobs (see [`crate::scheduler::direct`]) are due jobs that are not
+//! in the store: they enter only where the window already mirrors the store
+//! (so they fire in order with stored jobs), at most half the capacity of
+//! them, and they are never dropped to make room.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::scheduler::store::{Applied, DueKey, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
@@ -60,6 +65,8 @@ pub struct TimerWheel {
     span_ms: i64,
     /// Most jobs held in memory.
     capacity: usize,
+    /// Entries that are direct jobs (not in the store).
+    direct: HashSet<DueKey>,
 }
 
 impl TimerWheel {
@@ -70,6 +77,7 @@ impl TimerWheel {
             horizons: HashMap::new(),
             span_ms: span_ms.max(1),
             capacity: capacity.max(1),
+            direct: HashSet::new(),
         }
     }
 
@@ -82,6 +90,41 @@ impl TimerWheel {
     pub fn remove_partition(&mut self, partition: i32) {
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
+        self.direct.retain(|k| k.partition != partition);
+    }
+
+    /// Whether a direct job at `k` may enter: its partition is mirrored up
+    /// to `k` and direct jobs fill less than half the capacity.
+    pub fn may_add_direct(&self, k: &DueKey) -> bool {
+        matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k))
+            && self.direct.len() < self.capacity / 2
+    }
+
+    /// Add a direct job, if [`TimerWheel::may_add_direct`] allows it.
+    pub fn add_direct(&mut self, k: DueKey, job: StoredJob) -> bool {
+        if !self.may_add_direct(&k) {
+            return false;
+        }
+        self.entries.insert(k, job);
+        self.direct.insert(k);
+        self.shrink();
+        true
+    }
+
+    /// Which of `due` (just taken) are direct jobs; they stop counting as
+    /// direct entries until put back.
+    pub fn take_direct(&mut self, due: &[(DueKey, StoredJob)]) -> HashSet<DueKey> {
+        if self.direct.is_empty() {
+            return HashSet::new();
+        }
+        due.iter()
+            .filter_map(|(k, _)| self.direct.remove(k).then_some(*k))
+            .collect()
+    }
+
+    /// Direct jobs in memory.
+    pub fn direct_len(&self) -> usize {
+        self.direct.len()
     }
 
     /// Whether `partition` is tracked.
@@ -131,9 +174,17 @@ impl TimerWheel {
     /// horizons back before them, so they reload from disk later.
     fn shrink(&mut self) {
         while self.entries.len() > self.capacity {
-            let Some((k, _)) = self.entries.pop_last() else {
+            // The latest stored job; direct jobs stay (nothing else holds them).
+            let Some(k) = self
+                .entries
+                .keys()
+                .rev()
+                .find(|k| !self.direct.contains(k))
+                .copied()
+            else {
                 break;
             };
+            self.entries.remove(&k);
             if let Some(h) = self.horizons.get_mut(&k.partition) {
                 let back = Horizon::before(&k);
                 *h = Some(match *h {
@@ -220,11 +271,15 @@ impl TimerWheel {
         out
     }
 
-    /// Put back jobs that could not be fired (their partition still owned).
-    pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>) {
+    /// Put back jobs that could not be fired (their partition still owned);
+    /// those in `direct` are direct jobs again.
+    pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashSet<DueKey>) {
         for (k, j) in jobs {
             if self.owns(k.partition) {
                 self.entries.insert(k, j);
+                if direct.contains(&k) {
+                    self.direct.insert(k);
+                }
             }
         }
         self.shrink();
@@ -309,6 +364,55 @@ mod tests {
         w.take_due(5_000, 10);
         w.refill(&s, 55_000).unwrap();
         assert_eq!(w.next_run_at_ms(), Some(60_000));
+    }
+
+    fn key(ms: i64, seq: u64) -> DueKey {
+        DueKey {
+            run_at_ms: ms,
+            partition: 0,
+            seq,
+        }
+    }
+
+    fn sj(ms: i64, seq: u64) -> StoredJob {
+        match put("d", ms, seq) {
+            Change::Put(s) => s,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
+        let (_d, s) = store();
+        let mut w = TimerWheel::new(10_000, 4);
+        w.add_partition(0);
+        assert!(!w.add_direct(key(0, 1), sj(0, 1)), "nothing mirrored yet");
+        w.refill(&s, 0).unwrap();
+        assert!(!w.add_direct(key(20_000, 2), sj(20_000, 2)), "beyond the horizon");
+        assert!(w.add_direct(key(0, 3), sj(0, 3)));
+        assert!(w.add_direct(key(5, 4), sj(5, 4)));
+        assert!(!w.add_direct(key(6, 5), sj(6, 5)), "at most half the capacity");
+        // Stored jobs fill the rest; over capacity, stored ones make room.
+        let applied = s
+            .apply(0, &[put("a", 1, 10), put("b", 2, 11), put("c", 3, 12)], None)
+            .unwrap();
+        w.follow(&applied);
+        assert_eq!(w.len(), 4);
+        assert_eq!(w.direct_len(), 2);
+        let due = w.take_due(10, 10);
+        assert_eq!(
+            due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>(),
+            vec![3, 10, 11, 4],
+            "one run-at order for direct and stored jobs"
+        );
+        let direct = w.take_direct(&due);
+        assert_eq!(direct, HashSet::from([key(0, 3), key(5, 4)]));
+        assert_eq!(w.direct_len(), 0);
+        // A failed fire puts them back, direct again.
+        w.put_back(due, &direct);
+        assert_eq!(w.direct_len(), 2);
+        w.remove_partition(0);
+        assert_eq!((w.len(), w.direct_len()), (0, 0));
     }
 
     #[test]

@@ -1,0 +1,114 @@
+//! Offsets of jobs fired straight from memory.
+//!
+//! A job already due when it is ingested, not pending under its id and not
+//! touched again in its ingest batch, skips the store and the changelog: it
+//! goes into the window like any due job (so it fires in run-at order with
+//! the others) and is fired from there. Nothing but its schedule record holds
+//! it, so that record's offset may be committed only once the job's
+//! work-topic write was acknowledged. [`DirectOffsets`] tracks, per schedule
+//! partition, the offsets of such jobs still in flight and says how far the
+//! partition may be committed.
+
+use std::collections::BTreeSet;
+
+/// One schedule partition's ingested offsets and the direct jobs among them
+/// not yet fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectOffsets {
+    /// The last offset ingested (persisted, or held as a direct job).
+    ingested: i64,
+    /// Offsets of direct jobs not yet acknowledged by their work topic.
+    in_flight: BTreeSet<i64>,
+    /// The last offset handed to the consumer to commit.
+    stored: i64,
+}
+
+impl Default for DirectOffsets {
+    fn default() -> Self {
+        DirectOffsets {
+            ingested: -1,
+            in_flight: BTreeSet::new(),
+            stored: -1,
+        }
+    }
+}
+
+impl DirectOffsets {
+    /// Records up to `last` are persisted or held as direct jobs.
+    pub fn ingested(&mut self, last: i64) {
+        self.ingested = self.ingested.max(last);
+    }
+
+    /// The record at `offset` is a direct job about to enter the window.
+    pub fn hold(&mut self, offset: i64) {
+        self.in_flight.insert(offset);
+    }
+
+    /// The direct job at `offset` no longer holds the commit back: it was
+    /// fired or dead-lettered, or it went the durable way after all (the
+    /// window had no room for it) and its record is persisted.
+    pub fn release(&mut self, offset: i64) {
+        self.in_flight.remove(&offset);
+    }
+
+    /// The last offset that may be committed: every record up to it is
+    /// persisted or fired.
+    pub fn safe(&self) -> i64 {
+        match self.in_flight.first() {
+            Some(first) => (first - 1).min(self.ingested),
+            None => self.ingested,
+        }
+    }
+
+    /// The offset to store for commit, if it moved since the last call.
+    pub fn to_store(&mut self) -> Option<i64> {
+        let safe = self.safe();
+        (safe > self.stored).then(|| {
+            self.stored = safe;
+            safe
+        })
+    }
+
+    /// Direct jobs not yet fired.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_stop_below_the_first_direct_job_in_flight() {
+        let mut d = DirectOffsets::default();
+        assert_eq!(d.to_store(), None, "nothing ingested");
+        d.hold(3);
+        d.hold(7);
+        d.ingested(9);
+        assert_eq!(d.safe(), 2);
+        assert_eq!(d.to_store(), Some(2));
+        assert_eq!(d.to_store(), None, "unchanged");
+        d.release(7);
+        assert_eq!(d.to_store(), None, "3 still holds it");
+        d.release(3);
+        assert_eq!(d.to_store(), Some(9));
+        d.hold(10);
+        d.ingested(12);
+        assert_eq!(d.to_store(), None, "10 in flight: 9 stays the last");
+        d.release(10);
+        assert_eq!(d.to_store(), Some(12));
+        assert_eq!(d.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_direct_job_at_offset_zero_holds_everything() {
+        let mut d = DirectOffsets::default();
+        d.hold(0);
+        d.ingested(5);
+        assert_eq!(d.safe(), -1);
+        assert_eq!(d.to_store(), None);
+        d.release(0);
+        assert_eq!(d.to_store(), Some(5));
+    }
+}
