@@ -67,6 +67,7 @@ pub enum SchedulerError {
 struct Stats {
     ingested: AtomicU64,
     fired: AtomicU64,
+    fired_direct: AtomicU64,
     cancelled: AtomicU64,
     dead_lettered: AtomicU64,
     replayed: AtomicU64,
@@ -85,6 +86,8 @@ pub struct Status {
     pub ingested: u64,
     /// Jobs fired since start.
     pub fired: u64,
+    /// Of those, jobs already due on arrival, fired straight from memory.
+    pub fired_direct: u64,
     /// Cancels applied since start.
     pub cancelled: u64,
     /// Records dead-lettered since start.
@@ -287,6 +290,7 @@ fn status(shared: &Shared) -> Status {
         in_memory,
         ingested: shared.stats.ingested.load(Ordering::Relaxed),
         fired: shared.stats.fired.load(Ordering::Relaxed),
+        fired_direct: shared.stats.fired_direct.load(Ordering::Relaxed),
         cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
         dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
         replayed: shared.stats.replayed.load(Ordering::Relaxed),
@@ -385,12 +389,12 @@ impl ConsumerContext for Ctx {
 #[derive(Default)]
 struct PartitionBatch {
     changes: Vec<Change>,
-    changelog: Vec<OwnedRecord>,
-    /// The job as it stands after the changes so far in this batch (`None`: deleted).
-    overlay: HashMap<JobId, Option<StoredJob>>,
+    /// Where the job stands after the changes so far in this batch: the
+    /// index of its put in `changes` (`None`: deleted).
+    overlay: HashMap<JobId, Option<usize>>,
     /// Highest offset handled.
     last_offset: i64,
-    /// Indexes (in `changes` and `changelog`) of puts of jobs already due.
+    /// Indexes (in `changes`) of puts of jobs already due.
     due_puts: Vec<usize>,
     /// How many records of the batch name each job id.
     mentions: HashMap<JobId, u32>,
@@ -482,7 +486,10 @@ fn current(
     pb: &PartitionBatch,
 ) -> Result<Option<StoredJob>, StoreError> {
     if let Some(o) = pb.overlay.get(id) {
-        return Ok(o.clone());
+        return Ok(o.and_then(|i| match &pb.changes[i] {
+            Change::Put(s) => Some(s.clone()),
+            _ => None,
+        }));
     }
     shared.store.current(p, id)
 }
@@ -514,9 +521,7 @@ fn ingest_batch(
                 if sj.job.run_at <= now {
                     pb.due_puts.push(pb.changes.len());
                 }
-                pb.changelog
-                    .push(changelog::put_record(&cfg.topics.changelog, &sj));
-                pb.overlay.insert(sj.job.id, Some(sj.clone()));
+                pb.overlay.insert(sj.job.id, Some(pb.changes.len()));
                 pb.changes.push(Change::Put(sj));
             }
             Ok(Command::Cancel(id)) => {
@@ -524,8 +529,6 @@ fn ingest_batch(
                 if current(shared, p, &id, pb)?.is_some() {
                     debug!(job_id = %id, partition = p, offset, "cancelled");
                     shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                    pb.changelog
-                        .push(changelog::tombstone(&cfg.topics.changelog, &id));
                     pb.overlay.insert(id, None);
                     pb.changes.push(Change::Delete(id));
                 }
@@ -535,9 +538,7 @@ fn ingest_batch(
                 if let Some(mut sj) = current(shared, p, &id, pb)? {
                     debug!(job_id = %id, partition = p, offset, run_at = %wire::format_time(run_at), "rescheduled");
                     sj.job.run_at = run_at;
-                    pb.changelog
-                        .push(changelog::put_record(&cfg.topics.changelog, &sj));
-                    pb.overlay.insert(id, Some(sj.clone()));
+                    pb.overlay.insert(id, Some(pb.changes.len()));
                     pb.changes.push(Change::Put(sj));
                 }
             }
@@ -589,13 +590,12 @@ fn ingest_batch(
                     partition: *p,
                     seq: s.seq,
                 };
-                if w.add_direct(k, s.clone()) {
-                    debug!(job_id = %s.job.id, partition = p, offset = s.seq, "due on arrival: firing from memory");
-                } else {
-                    let fb = fallback.entry(*p).or_default();
-                    fb.changelog
-                        .push(changelog::put_record(&cfg.topics.changelog, &s));
-                    fb.changes.push(Change::Put(s));
+                let (id, offset) = (s.job.id, s.seq);
+                match w.add_direct(k, s) {
+                    None => {
+                        debug!(job_id = %id, partition = p, offset, "due on arrival: firing from memory")
+                    }
+                    Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
                 }
             }
         }
@@ -633,7 +633,6 @@ fn ingest_batch(
 /// id (a replace must delete the old job durably), and where the window
 /// mirrors the partition up to them (so they fire in order with stored jobs).
 fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
-    debug_assert_eq!(pb.changes.len(), pb.changelog.len());
     let mut picked: Vec<usize> = {
         let w = shared.wheel();
         pb.due_puts
@@ -663,15 +662,10 @@ fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), S
     let pending = shared.store.pending_ids(p, &ids)?;
     picked.retain(|i| !pending.contains(&id_of(&pb.changes[*i])));
     let picked: HashSet<usize> = picked.into_iter().collect();
-    let changes = std::mem::take(&mut pb.changes);
-    let records = std::mem::take(&mut pb.changelog);
-    for (i, (c, r)) in changes.into_iter().zip(records).enumerate() {
+    for (i, c) in std::mem::take(&mut pb.changes).into_iter().enumerate() {
         match c {
             Change::Put(s) if picked.contains(&i) => pb.direct.push(s),
-            c => {
-                pb.changes.push(c);
-                pb.changelog.push(r);
-            }
+            c => pb.changes.push(c),
         }
     }
     Ok(())
@@ -687,10 +681,20 @@ fn persist(
 ) -> Result<Vec<Applied>, SchedulerError> {
     let cfg = &shared.cfg;
     // 1. Changelog and dead letters, acknowledged by Kafka.
-    let mut sends: Vec<(Option<i32>, &OwnedRecord)> = Vec::new();
-    for (p, pb) in parts {
-        sends.extend(pb.changelog.iter().map(|r| (Some(*p), r)));
-    }
+    let topic = &cfg.topics.changelog;
+    let records: Vec<(i32, OwnedRecord)> = parts
+        .iter()
+        .flat_map(|(p, pb)| {
+            pb.changes.iter().map(move |c| {
+                let r = match c {
+                    Change::Put(s) => changelog::put_record(topic, s),
+                    Change::Delete(id) | Change::Fired(id, _) => changelog::tombstone(topic, id),
+                };
+                (*p, r)
+            })
+        })
+        .collect();
+    let mut sends: Vec<(Option<i32>, &OwnedRecord)> = records.iter().map(|(p, r)| (Some(*p), r)).collect();
     sends.extend(dead.iter().map(|r| (None, r)));
     let delivered = send_all_retrying(shared, &sends)?;
     let mut changelog_next: HashMap<i32, i64> = HashMap::new();
@@ -700,8 +704,9 @@ fn persist(
             *e = (*e).max(d.offset + 1);
         }
     }
-    // 2. The store, flushed to disk.
+    // 2. The store, flushed to disk (nothing to do for a batch of direct jobs).
     let mut applied = Vec::new();
+    let mut wrote = false;
     for (p, pb) in parts {
         if pb.changes.is_empty() && !changelog_next.contains_key(p) {
             continue;
@@ -711,8 +716,11 @@ fn persist(
                 .store
                 .apply(*p, &pb.changes, changelog_next.get(p).copied())?,
         );
+        wrote = true;
     }
-    shared.store.flush()?;
+    if wrote {
+        shared.store.flush()?;
+    }
     Ok(applied)
 }
 
@@ -1023,6 +1031,7 @@ async fn finish_fire(
     // Direct jobs: nothing stored; their schedule offsets may now be committed.
     if !direct.is_empty() {
         let mut offsets = shared.direct();
+        let before = done.len();
         done.retain(|(k, _)| {
             if !direct.contains(k) {
                 return true;
@@ -1032,6 +1041,10 @@ async fn finish_fire(
             }
             false
         });
+        shared
+            .stats
+            .fired_direct
+            .fetch_add((before - done.len()) as u64, Ordering::Relaxed);
     }
     // Tombstones, then the store.
     let tombs: Vec<(i32, OwnedRecord)> = done
@@ -1061,15 +1074,19 @@ async fn finish_fire(
         e.0.push(Change::Fired(s.job.id, *k));
     }
     // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
-    let applied = blocking_store(shared, "store delete", move |s| {
-        let mut applied: Vec<Applied> = Vec::new();
-        for (p, (changes, next)) in by_part {
-            applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
-        }
-        s.store.flush()?;
-        Ok(applied)
-    })
-    .await?;
+    let applied = if by_part.is_empty() {
+        Vec::new()
+    } else {
+        blocking_store(shared, "store delete", move |s| {
+            let mut applied: Vec<Applied> = Vec::new();
+            for (p, (changes, next)) in by_part {
+                applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
+            }
+            s.store.flush()?;
+            Ok(applied)
+        })
+        .await?
+    };
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
     {

@@ -100,15 +100,17 @@ impl TimerWheel {
             && self.direct.len() < self.capacity / 2
     }
 
-    /// Add a direct job, if [`TimerWheel::may_add_direct`] allows it.
-    pub fn add_direct(&mut self, k: DueKey, job: StoredJob) -> bool {
+    /// Add a direct job, if [`TimerWheel::may_add_direct`] allows it; a job
+    /// refused comes back.
+    #[must_use = "a refused job must go the durable way"]
+    pub fn add_direct(&mut self, k: DueKey, job: StoredJob) -> Option<StoredJob> {
         if !self.may_add_direct(&k) {
-            return false;
+            return Some(job);
         }
         self.entries.insert(k, job);
         self.direct.insert(k);
         self.shrink();
-        true
+        None
     }
 
     /// Which of `due` (just taken) are direct jobs; they stop counting as
@@ -386,12 +388,23 @@ mod tests {
         let (_d, s) = store();
         let mut w = TimerWheel::new(10_000, 4);
         w.add_partition(0);
-        assert!(!w.add_direct(key(0, 1), sj(0, 1)), "nothing mirrored yet");
+        let first = sj(0, 1);
+        assert_eq!(
+            w.add_direct(key(0, 1), first.clone()),
+            Some(first),
+            "nothing mirrored yet"
+        );
         w.refill(&s, 0).unwrap();
-        assert!(!w.add_direct(key(20_000, 2), sj(20_000, 2)), "beyond the horizon");
-        assert!(w.add_direct(key(0, 3), sj(0, 3)));
-        assert!(w.add_direct(key(5, 4), sj(5, 4)));
-        assert!(!w.add_direct(key(6, 5), sj(6, 5)), "at most half the capacity");
+        assert!(
+            w.add_direct(key(20_000, 2), sj(20_000, 2)).is_some(),
+            "beyond the horizon"
+        );
+        assert!(w.add_direct(key(0, 3), sj(0, 3)).is_none());
+        assert!(w.add_direct(key(5, 4), sj(5, 4)).is_none());
+        assert!(
+            w.add_direct(key(6, 5), sj(6, 5)).is_some(),
+            "at most half the capacity"
+        );
         // Stored jobs fill the rest; over capacity, stored ones make room.
         let applied = s
             .apply(0, &[put("a", 1, 10), put("b", 2, 11), put("c", 3, 12)], None)
