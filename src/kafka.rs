@@ -115,19 +115,40 @@ pub async fn enqueue(
     rec: &OwnedRecord,
     partition: Option<i32>,
 ) -> impl std::future::Future<Output = Result<Delivery, KafkaError>> + Send + 'static {
+    let mut fr = FutureRecord::to(&rec.topic)
+        .key(&rec.key[..])
+        .headers(rec.kafka_headers());
+    if let Some(v) = &rec.value {
+        fr = fr.payload(&v[..]);
+    }
+    if let Some(p) = partition {
+        fr = fr.partition(p);
+    }
+    enqueue_record(producer, fr).await
+}
+
+/// [`enqueue`] for a job fired to its work topic, built straight from the
+/// job (no intermediate [`OwnedRecord`]: the scheduler's hot path).
+pub async fn enqueue_job(
+    producer: &FutureProducer,
+    job: &crate::Job,
+) -> impl std::future::Future<Output = Result<Delivery, KafkaError>> + Send + 'static {
+    let fr = FutureRecord::to(&job.topic)
+        .key(&job.key[..])
+        .payload(&job.payload[..])
+        .headers(crate::wire::kafka_headers(job));
+    enqueue_record(producer, fr).await
+}
+
+async fn enqueue_record(
+    producer: &FutureProducer,
+    mut fr: FutureRecord<'_, [u8], [u8]>,
+) -> impl std::future::Future<Output = Result<Delivery, KafkaError>> + Send + 'static {
     loop {
-        let mut fr = FutureRecord::to(&rec.topic)
-            .key(&rec.key)
-            .headers(rec.kafka_headers());
-        if let Some(v) = &rec.value {
-            fr = fr.payload(v);
-        }
-        if let Some(p) = partition {
-            fr = fr.partition(p);
-        }
         let result = match producer.send_result(fr) {
             Ok(delivery) => Ok(delivery),
-            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), _)) => {
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                fr = back;
                 let wait = std::time::Duration::from_millis(5);
                 // Also called through `block_on` from plain threads (the
                 // ingest and poll threads), where there is no tokio timer.

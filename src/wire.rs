@@ -379,27 +379,50 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, HeaderProblem> {
 /// enqueueing a due job, the schedule topic for a future one).
 pub fn encode(job: &Job, destination: &str) -> OwnedRecord {
     let mut headers: HeaderList = Vec::with_capacity(8 + job.headers.len());
-    let mut put = |name: &str, value: String| headers.push((name.to_string(), Some(value.into_bytes())));
-    put(header::VERSION, VERSION.to_string());
-    put(header::ID, job.id.to_string());
-    put(header::RUN_AT, format_time(job.run_at));
-    put(header::TOPIC, job.topic.clone());
-    put(header::ATTEMPT, job.attempt.to_string());
-    if let Some(n) = job.max_attempts {
-        put(header::MAX_ATTEMPTS, n.to_string());
-    }
-    if let Some(t) = &job.tenant {
-        put(header::TENANT, t.clone());
-    }
-    if let Some(e) = &job.last_error {
-        put(header::LAST_ERROR, e.clone());
-    }
-    headers.extend(job.headers.iter().cloned());
+    job_headers(job, |name, value| {
+        headers.push((name.to_string(), value.map(<[u8]>::to_vec)))
+    });
     OwnedRecord {
         topic: destination.to_string(),
         key: job.key.clone(),
         value: Some(job.payload.clone()),
         headers,
+    }
+}
+
+/// A job's headers as librdkafka takes them, built straight from the job
+/// (the scheduler's fire path: no intermediate [`OwnedRecord`]).
+pub fn kafka_headers(job: &Job) -> rdkafka::message::OwnedHeaders {
+    let mut out = rdkafka::message::OwnedHeaders::new_with_capacity(8 + job.headers.len());
+    job_headers(job, |key, value| {
+        out = std::mem::replace(&mut out, rdkafka::message::OwnedHeaders::new())
+            .insert(rdkafka::message::Header { key, value });
+    });
+    out
+}
+
+/// Call `put` with each header of `job`, in the order the contract writes them.
+fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
+    put(header::VERSION, Some(VERSION.to_string().as_bytes()));
+    let mut id = uuid::Uuid::encode_buffer();
+    put(
+        header::ID,
+        Some(job.id.uuid().hyphenated().encode_lower(&mut id).as_bytes()),
+    );
+    put(header::RUN_AT, Some(format_time(job.run_at).as_bytes()));
+    put(header::TOPIC, Some(job.topic.as_bytes()));
+    put(header::ATTEMPT, Some(job.attempt.to_string().as_bytes()));
+    if let Some(n) = job.max_attempts {
+        put(header::MAX_ATTEMPTS, Some(n.to_string().as_bytes()));
+    }
+    if let Some(t) = &job.tenant {
+        put(header::TENANT, Some(t.as_bytes()));
+    }
+    if let Some(e) = &job.last_error {
+        put(header::LAST_ERROR, Some(e.as_bytes()));
+    }
+    for (k, v) in &job.headers {
+        put(k, v.as_deref());
     }
 }
 

@@ -959,8 +959,7 @@ async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWr
                 writes.push(Box::pin(async move { Err(e) }));
             }
             Ok(false) => {
-                let rec = wire::encode(&s.job, &s.job.topic);
-                writes.push(Box::pin(kafka::enqueue(&shared.producer, &rec, None).await));
+                writes.push(Box::pin(kafka::enqueue_job(&shared.producer, &s.job).await));
             }
             Err(e) => {
                 let e = e.clone();

@@ -68,6 +68,17 @@ proptest! {
     }
 
     #[test]
+    fn fire_path_headers_are_the_encoded_headers(job in job_strategy()) {
+        use rdkafka::message::Headers;
+        let direct = kafka_headers(&job);
+        let got: Vec<(String, Option<Vec<u8>>)> = direct
+            .iter()
+            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+            .collect();
+        prop_assert_eq!(got, encode(&job, &job.topic).headers);
+    }
+
+    #[test]
     fn encode_then_decode_is_identity_on_work_topic(job in job_strategy()) {
         let rec = encode(&job, &job.topic);
         let decoded = decode_job(&view_of(&rec), Context::Work, &Limits::default()).unwrap();
