@@ -95,12 +95,17 @@ for t in "${TARGETS[@]}"; do
     # The log without libFuzzer's progress lines: the panic or report, the
     # input, and the commands that replay and minimise it.
     { grep -Ev '^#[0-9]+[[:space:]]' "$WORK/$t.log" || true; } | tail -n 150 >&2
-    echo "fuzz: $t FAILED (the crashing input is in fuzz/artifacts/$t/)" >&2
+    if grep -q 'failed to build fuzz script' "$WORK/$t.log"; then
+      # cargo fuzz run rebuilds first: sources changed under a running fuzz.
+      echo "fuzz: $t FAILED to build (did the sources change during the run?)" >&2
+    else
+      echo "fuzz: $t FAILED (the crashing input is in fuzz/artifacts/$t/)" >&2
+    fi
     failed+=("$t")
   fi
 done
 
 if [ "${#failed[@]}" -gt 0 ]; then
-  echo "fuzz: crashes in: ${failed[*]}" >&2
+  echo "fuzz: failed: ${failed[*]}" >&2
   exit 1
 fi

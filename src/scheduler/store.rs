@@ -1368,45 +1368,79 @@ mod tests {
         assert_eq!(s.scan_due(1, None, i64::MAX, 10).unwrap().len(), 1);
     }
 
+    /// Pending jobs as they should be, and random changes to them.
+    struct Model {
+        rng: rand::rngs::StdRng,
+        jobs: HashMap<JobId, StoredJob>,
+        ids: Vec<JobId>,
+        seq: u64,
+    }
+
+    impl Model {
+        fn new(seed: u64) -> Model {
+            Model {
+                rng: rand::rngs::StdRng::seed_from_u64(seed),
+                jobs: HashMap::new(),
+                ids: Vec::new(),
+                seq: 0,
+            }
+        }
+
+        /// `n` changes due in `now + span`: 8% cancels and 8% replaces of
+        /// ids seen before, new jobs otherwise; the model follows them.
+        fn changes(&mut self, n: usize, now: i64, span: std::ops::Range<i64>) -> Vec<Change> {
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                self.seq += 1;
+                let roll = self.rng.gen_range(0..100);
+                let ms = now + self.rng.gen_range(span.clone());
+                let known = (!self.ids.is_empty()).then(|| self.ids[self.rng.gen_range(0..self.ids.len())]);
+                match known {
+                    Some(id) if roll < 8 => {
+                        self.jobs.remove(&id);
+                        out.push(Change::Delete(id));
+                        continue;
+                    }
+                    Some(id) if roll < 16 => {
+                        let sj = StoredJob {
+                            job: job("r", ms).id(id),
+                            seq: self.seq,
+                        };
+                        self.jobs.insert(id, sj.clone());
+                        out.push(Change::Put(sj));
+                        continue;
+                    }
+                    _ => {}
+                }
+                let sj = StoredJob {
+                    job: job("k", ms),
+                    seq: self.seq,
+                };
+                self.ids.push(sj.job.id);
+                self.jobs.insert(sj.job.id, sj.clone());
+                out.push(Change::Put(sj));
+            }
+            out
+        }
+    }
+
     /// Near runs under random puts (before, between and after existing
     /// runs), replaces, cancels and partial fires: the near range always
     /// scans as the model sorted by (run-at, seq), and stays a few entries.
     #[test]
     fn near_runs_model_check() {
         let (_d, s) = open();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut m = Model::new(11);
         let mut now = 1_700_000_000_000i64;
         cascade_to(&s, 0, now + 1_000_000_000); // everything below is near
-        let mut model: HashMap<JobId, StoredJob> = HashMap::new();
-        let mut ids: Vec<JobId> = Vec::new();
-        let mut seq = 0u64;
         for round in 0..60 {
-            let mut changes = Vec::new();
-            for _ in 0..rng.gen_range(1..400) {
-                seq += 1;
-                let roll = rng.gen_range(0..100);
-                let ms = now + rng.gen_range(-2_000..60_000);
-                if roll < 10 && !ids.is_empty() {
-                    let id = ids[rng.gen_range(0..ids.len())];
-                    changes.push(Change::Delete(id));
-                    model.remove(&id);
-                } else {
-                    let j = if roll < 20 && !ids.is_empty() {
-                        job("r", ms).id(ids[rng.gen_range(0..ids.len())])
-                    } else {
-                        let j = job("k", ms);
-                        ids.push(j.id);
-                        j
-                    };
-                    let sj = StoredJob { job: j, seq };
-                    model.insert(sj.job.id, sj.clone());
-                    changes.push(Change::Put(sj));
-                }
-            }
-            s.apply(0, &changes, None).unwrap();
-            now += rng.gen_range(0..2_000);
+            let n = m.rng.gen_range(1..400);
+            s.apply(0, &m.changes(n, now, -2_000..60_000), None).unwrap();
+            now += m.rng.gen_range(0..2_000);
             // Fire part of what is due, in order, as a capacity-bound window would.
-            let due = s.scan_due(0, None, now, rng.gen_range(0..300)).unwrap();
+            let limit = m.rng.gen_range(0..300);
+            let due = s.scan_due(0, None, now, limit).unwrap();
+            let (model, ids) = (&mut m.jobs, &m.ids);
             for (k, j) in &due {
                 assert!(k.run_at_ms <= now, "round {round}: early");
                 assert_eq!(model.remove(&j.job.id).map(|m| due_key(0, &m)), Some(*k));
@@ -1427,6 +1461,7 @@ mod tests {
                 assert_eq!(s.current(0, id).unwrap(), model.get(id).cloned(), "round {round}");
             }
         }
+        let model = &m.jobs;
         assert!(model.len() > 2_000);
         assert!(
             s.count(N, 0) * 16 < model.len(),
@@ -1442,42 +1477,16 @@ mod tests {
     #[test]
     fn model_check_over_a_month_of_cascades() {
         let (_d, s) = open();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut m = Model::new(7);
         let month = 30 * 86_400_000i64;
         let mut now = 1_700_000_000_000i64;
         cascade_to(&s, 0, now);
-        let mut model: HashMap<JobId, StoredJob> = HashMap::new();
-        let mut ids: Vec<JobId> = Vec::new();
-        let mut seq = 0u64;
         let mut fired = 0usize;
         for round in 0..40 {
-            let mut changes = Vec::new();
-            for _ in 0..250 {
-                seq += 1;
-                let roll = rng.gen_range(0..100);
-                if roll < 8 && !ids.is_empty() {
-                    let id = ids[rng.gen_range(0..ids.len())];
-                    changes.push(Change::Delete(id));
-                    model.remove(&id);
-                } else if roll < 16 && !ids.is_empty() {
-                    let id = ids[rng.gen_range(0..ids.len())];
-                    let ms = now + rng.gen_range(-1000..month);
-                    let j = job("r", ms).id(id);
-                    let sj = StoredJob { job: j, seq };
-                    model.insert(id, sj.clone());
-                    changes.push(Change::Put(sj));
-                } else {
-                    let ms = now + rng.gen_range(-1000..month);
-                    let j = job("k", ms);
-                    ids.push(j.id);
-                    let sj = StoredJob { job: j, seq };
-                    model.insert(sj.job.id, sj.clone());
-                    changes.push(Change::Put(sj));
-                }
-            }
-            s.apply(0, &changes, None).unwrap();
+            s.apply(0, &m.changes(250, now, -1000..month), None).unwrap();
             // Time moves; fire everything due, as the dispatcher would.
-            now += rng.gen_range(0..month / 20);
+            now += m.rng.gen_range(0..month / 20);
+            let (model, ids) = (&mut m.jobs, &m.ids);
             cascade_to(&s, 0, now + 1);
             let due = s.scan_due(0, None, now, usize::MAX).unwrap();
             let fires: Vec<Change> = due.iter().map(|(k, j)| Change::Fired(j.job.id, *k)).collect();
@@ -1508,6 +1517,7 @@ mod tests {
             }
         }
         assert!(fired > 1000);
+        let model = &m.jobs;
         let entries = s.count(N, 0) + s.count(B, 0) + s.count(J, 0);
         assert!(
             entries * 4 < model.len(),
