@@ -324,12 +324,15 @@ impl Proc {
         let mut last_ms = f64::NAN;
         let mut catch_up_ms = 0.0;
         for line in strip_ansi(&text).lines() {
+            if line.contains("schedule partitions caught up") {
+                catch_up_ms += field(line, "elapsed").and_then(debug_duration_ms).unwrap_or(0.0);
+                continue;
+            }
             if !line.contains("schedule partition assigned") {
                 continue;
             }
             count += 1;
             pending += field(line, "pending").and_then(|v| v.parse().ok()).unwrap_or(0);
-            catch_up_ms += field(line, "elapsed").and_then(debug_duration_ms).unwrap_or(0.0);
             if let Some(t) = line
                 .split_whitespace()
                 .next()

@@ -4,6 +4,7 @@
 //! value). Replaying a partition's changelog from the start (or from a
 //! store's checkpoint) rebuilds its pending jobs.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -65,61 +66,77 @@ pub enum RebuildError {
     },
 }
 
-/// Bring `store`'s copy of `partition` up to the end of the changelog,
-/// starting at the store's checkpoint. Returns the number of records read.
+/// Bring `store`'s copy of each of `partitions` up to the end of the
+/// changelog, each from the store's checkpoint. Returns the number of
+/// records read per partition.
 ///
-/// `client` holds the connection settings (bootstrap servers, TLS, SASL); a
-/// private consumer with no group reads the partition.
+/// `client` holds the connection settings (bootstrap servers, TLS, SASL); one
+/// private consumer with no group reads every partition at once.
 pub fn catch_up(
     client: &ClientConfig,
     topic: &str,
-    partition: i32,
+    partitions: &[i32],
     store: &Store,
     timeout: Duration,
-) -> Result<u64, RebuildError> {
-    let kafka = |source| RebuildError::Kafka { partition, source };
+) -> Result<HashMap<i32, u64>, RebuildError> {
+    let kafka = |partition, source| RebuildError::Kafka { partition, source };
+    let first = partitions.first().copied().unwrap_or(0);
     let mut cfg = client.clone();
     cfg.set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("group.id", "kairos-changelog-reader")
         .set("enable.partition.eof", "false");
-    let consumer: BaseConsumer = cfg.create().map_err(kafka)?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, timeout)
-        .map_err(kafka)?;
-    let start = store.checkpoint(partition)?.changelog_next.max(low);
-    if start >= high {
-        store.apply(partition, &[], Some(high))?;
-        debug!(partition, high, "changelog: nothing to catch up");
-        return Ok(0);
-    }
+    let consumer: BaseConsumer = cfg.create().map_err(|e| kafka(first, e))?;
+    let mut read: HashMap<i32, u64> = partitions.iter().map(|p| (*p, 0)).collect();
+    // Per partition still to read: (next offset, end).
+    let mut todo: HashMap<i32, (i64, i64)> = HashMap::new();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(start))
-        .map_err(kafka)?;
-    consumer.assign(&tpl).map_err(kafka)?;
+    for &p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| kafka(p, e))?;
+        let start = store.checkpoint(p)?.changelog_next.max(low);
+        if start >= high {
+            store.apply(p, &[], Some(high))?;
+            debug!(partition = p, high, "changelog: nothing to catch up");
+            continue;
+        }
+        tpl.add_partition_offset(topic, p, Offset::Offset(start))
+            .map_err(|e| kafka(p, e))?;
+        todo.insert(p, (start, high));
+    }
+    if todo.is_empty() {
+        return Ok(read);
+    }
+    consumer.assign(&tpl).map_err(|e| kafka(first, e))?;
+    let started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
     let deadline = Instant::now() + timeout;
-    let mut at = start;
-    let mut read = 0u64;
-    let mut batch: Vec<Change> = Vec::new();
-    while at < high {
+    let mut batches: HashMap<i32, Vec<Change>> = HashMap::new();
+    while let Some((&p, &(at, end))) = todo.iter().find(|(_, (at, end))| at < end) {
         if Instant::now() > deadline {
             return Err(RebuildError::Timeout {
-                partition,
+                partition: p,
                 at,
-                end: high,
+                end,
                 timeout,
             });
         }
         let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
-        let msg = msg.map_err(kafka)?;
-        at = msg.offset() + 1;
-        read += 1;
+        let msg = msg.map_err(|e| kafka(p, e))?;
+        let p = msg.partition();
+        let Some((at, _)) = todo.get_mut(&p) else {
+            continue; // not assigned here
+        };
+        *at = msg.offset() + 1;
+        let next = *at;
+        *read.entry(p).or_default() += 1;
         let Some(key) = msg.key().and_then(|k| <[u8; 16]>::try_from(k).ok()) else {
             continue; // not ours; a changelog only holds 16-byte job ids
         };
         let id = JobId::from_bytes(key);
+        let batch = batches.entry(p).or_default();
         match msg.payload() {
             None => batch.push(Change::Delete(id)),
             Some(v) => match StoredJob::decode(v) {
@@ -134,16 +151,18 @@ pub fn catch_up(
             },
         }
         if batch.len() >= 1000 {
-            store.apply(partition, &std::mem::take(&mut batch), Some(at))?;
+            store.apply(p, &std::mem::take(batch), Some(next))?;
         }
     }
-    store.apply(partition, &batch, Some(at))?;
-    info!(
-        partition,
-        from = start,
-        to = at,
-        records = read,
-        "changelog: caught up"
-    );
+    for (p, (at, _)) in todo {
+        store.apply(p, &batches.remove(&p).unwrap_or_default(), Some(at))?;
+        info!(
+            partition = p,
+            from = started[&p],
+            to = at,
+            records = read[&p],
+            "changelog: caught up"
+        );
+    }
     Ok(read)
 }

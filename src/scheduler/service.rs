@@ -348,34 +348,40 @@ impl ConsumerContext for Ctx {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                let started = Instant::now();
+                // Place the cascade points before the rebuild, so that the
+                // replayed jobs land at their final level at once.
                 for p in &parts {
-                    let started = Instant::now();
-                    let timeout = self.shared.cfg.scheduler.rebuild_timeout;
-                    // Place the cascade point before the rebuild, so that the
-                    // replayed jobs land at their final level at once.
                     if let Err(e) = self.shared.store.cascade(*p, cascade_until(&self.shared)) {
                         self.shared.fail(format!("preparing partition {p}: {e}"));
                         return;
                     }
-                    match changelog::catch_up(
-                        &self.shared.reader_config,
-                        &self.shared.cfg.topics.changelog,
-                        *p,
-                        &self.shared.store,
-                        timeout,
-                    ) {
-                        Ok(read) => {
-                            self.shared.stats.replayed.fetch_add(read, Ordering::Relaxed);
-                            let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
-                            info!(partition = p, changelog_records = read, pending, elapsed = ?started.elapsed(),
-                                "schedule partition assigned");
-                            self.shared.wheel().add_partition(*p);
-                        }
-                        Err(e) => {
-                            self.shared.fail(format!("rebuilding partition {p}: {e}"));
-                            return;
-                        }
+                }
+                let read = match changelog::catch_up(
+                    &self.shared.reader_config,
+                    &self.shared.cfg.topics.changelog,
+                    &parts,
+                    &self.shared.store,
+                    self.shared.cfg.scheduler.rebuild_timeout,
+                ) {
+                    Ok(read) => read,
+                    Err(e) => {
+                        self.shared.fail(format!("rebuilding partitions {parts:?}: {e}"));
+                        return;
                     }
+                };
+                info!(partitions = ?parts, elapsed = ?started.elapsed(), "schedule partitions caught up");
+                for p in &parts {
+                    let records = read.get(p).copied().unwrap_or(0);
+                    self.shared.stats.replayed.fetch_add(records, Ordering::Relaxed);
+                    let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
+                    info!(
+                        partition = p,
+                        changelog_records = records,
+                        pending,
+                        "schedule partition assigned"
+                    );
+                    self.shared.wheel().add_partition(*p);
                 }
                 self.shared.wake.notify_one();
             }
