@@ -731,7 +731,9 @@ fn persist(
 }
 
 /// Send records and wait for every acknowledgement, retrying the failed ones
-/// (the writes are idempotent by job id) until they succeed or the scheduler stops.
+/// (the writes are idempotent by job id) until they succeed or the scheduler
+/// stops. Records pinned to a partition are retried from the first failure
+/// on, in their order.
 fn send_all_retrying(
     shared: &Shared,
     records: &[(Option<i32>, &OwnedRecord)],
@@ -749,17 +751,21 @@ fn send_all_retrying(
                 .iter()
                 .map(|i| kafka::send(&shared.producer, records[*i].1, records[*i].0)),
         ));
-        let mut failed = 0;
+        let mut failed = Vec::new();
         for (i, r) in pending.into_iter().zip(results) {
             match r {
                 Ok(d) => out[i] = Some(d),
                 Err(e) => {
-                    failed += 1;
+                    failed.push(i);
                     warn!(topic = %records[i].1.topic, error = %e, "write failed; retrying");
                 }
             }
         }
-        if failed > 0 {
+        let parts: Vec<Option<i32>> = records.iter().map(|(p, _)| *p).collect();
+        for i in written_again(&parts, &failed) {
+            out[i] = None;
+        }
+        if !failed.is_empty() {
             if shared.stop.is_cancelled() {
                 return Err(SchedulerError::Fatal(
                     "stopped with writes unacknowledged; their records will be re-read".into(),
@@ -768,6 +774,26 @@ fn send_all_retrying(
             std::thread::sleep(delay.next_delay());
         }
     }
+}
+
+/// Of records pinned to partitions `parts`, those to write again after the
+/// records `failed` failed: every one after a failure in its partition, so
+/// that the changelog keeps each job's records in order (compaction keeps the
+/// last one, and a put retried after its own tombstone would revive the job).
+fn written_again(parts: &[Option<i32>], failed: &[usize]) -> Vec<usize> {
+    let mut first: HashMap<i32, usize> = HashMap::new();
+    for &i in failed {
+        if let Some(p) = parts[i] {
+            let f = first.entry(p).or_insert(i);
+            *f = (*f).min(i);
+        }
+    }
+    parts
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| p.and_then(|p| first.get(&p)).is_some_and(|f| i > f))
+        .map(|(i, _)| i)
+        .collect()
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -1103,4 +1129,26 @@ async fn finish_fire(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_changelog_write_rewrites_the_rest_of_its_partition_in_order() {
+        let parts = [Some(0), Some(0), Some(1), None, Some(0), Some(1), None];
+        assert_eq!(written_again(&parts, &[]), Vec::<usize>::new());
+        assert_eq!(written_again(&parts, &[1]), vec![4], "after 1 in partition 0");
+        assert_eq!(
+            written_again(&parts, &[4, 0]),
+            vec![1, 4],
+            "from the first failure"
+        );
+        assert_eq!(
+            written_again(&parts, &[2, 3]),
+            vec![5],
+            "dead letters (None) stand alone"
+        );
+    }
 }
