@@ -101,11 +101,12 @@ pub struct SchedulerConfig {
     /// scheduler's memory whatever the number of pending jobs.
     pub cache_capacity: u64,
     /// How far ahead of now jobs are held in memory. Jobs due within three
-    /// windows have an entry each in the store; later ones sit in chunks
-    /// per time bucket.
+    /// windows sit in sorted runs in the store; later ones in chunks per
+    /// time bucket.
     #[serde(with = "humantime_serde")]
     pub window: Duration,
-    /// Most jobs held in memory at once.
+    /// Most jobs held in memory at once (jobs already due on arrival, fired
+    /// straight from memory, take at most half of it).
     pub window_capacity: usize,
     /// Most jobs fired in one batch.
     pub fire_batch: usize,

@@ -205,9 +205,15 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     }
     let total = fails.len();
     let start = Utc::now();
+    // The rounds are spread over about as long as the faults take (each
+    // fault is a kill and a restart, about 1.5 s), so that the later faults
+    // too hit jobs in flight rather than an idle system.
+    let pace = Duration::from_millis(1500 * cycles as u64 / rounds.len().max(1) as u64);
     let writer = tokio::spawn(async move {
         let mut run_at: HashMap<JobId, i64> = HashMap::new();
-        for round in rounds {
+        let first = tokio::time::Instant::now();
+        for (i, round) in rounds.into_iter().enumerate() {
+            tokio::time::sleep_until(first + pace * i as u32).await;
             let now = Utc::now();
             let jobs: Vec<Job> = round
                 .into_iter()
