@@ -58,45 +58,59 @@ pub struct Run {
     pub attempt: u32,
 }
 
-/// Runs per key. A start is paired with the next end of the same process,
-/// job and attempt (the same job can run twice in a process when it was
-/// delivered twice); a start with no end belongs to a process that was
-/// killed, and ends at its death, taken from `deaths` (pid → Unix nanos).
-/// Panics on a run with no end in a process that was not killed.
-pub fn runs_by_key(events: &[Event], deaths: &HashMap<u32, u128>) -> HashMap<String, Vec<Run>> {
+/// A start with no end yet, by (process, job, attempt): its start times.
+type Open = HashMap<(u32, JobId, u32), Vec<u128>>;
+
+/// Pair each start with the next end of the same process, job and attempt
+/// (the same job can run twice in a process when it was delivered twice):
+/// the finished runs, and the starts with no end.
+fn pair(events: &[Event]) -> (Vec<Run>, Open) {
     let mut sorted: Vec<&Event> = events.iter().collect();
     sorted.sort_by_key(|e| (e.nanos, !e.start));
-    let mut open: HashMap<(u32, JobId, u32), Vec<u128>> = HashMap::new();
-    let mut out: HashMap<String, Vec<Run>> = HashMap::new();
-    let mut push = |e: &Event, start: u128, end: u128| {
-        out.entry(e.key.clone()).or_default().push(Run {
-            start,
-            end,
-            pid: e.pid,
-            id: e.id,
-            attempt: e.attempt,
-        });
-    };
+    let mut open: Open = HashMap::new();
+    let mut done = Vec::new();
     for e in &sorted {
         let slot = open.entry((e.pid, e.id, e.attempt)).or_default();
         if e.start {
             slot.push(e.nanos);
         } else if !slot.is_empty() {
-            let start = slot.remove(0);
-            push(e, start, e.nanos);
+            done.push(Run {
+                start: slot.remove(0),
+                end: e.nanos,
+                pid: e.pid,
+                id: e.id,
+                attempt: e.attempt,
+            });
         }
     }
+    open.retain(|_, starts| !starts.is_empty());
+    (done, open)
+}
+
+/// Runs still going in processes that were not killed (a duplicate delivery
+/// can still be running when the last job first succeeds).
+pub fn in_flight(events: &[Event], deaths: &HashMap<u32, u128>) -> usize {
+    pair(events)
+        .1
+        .iter()
+        .filter(|((pid, _, _), _)| !deaths.contains_key(pid))
+        .map(|(_, starts)| starts.len())
+        .sum()
+}
+
+/// Runs per key. A start is paired with the next end of the same process,
+/// job and attempt; a start with no end belongs to a process that was
+/// killed, and ends at its death, taken from `deaths` (pid → Unix nanos).
+/// Panics on a run with no end in a process that was not killed.
+pub fn runs_by_key(events: &[Event], deaths: &HashMap<u32, u128>) -> HashMap<String, Vec<Run>> {
+    let key_of: HashMap<JobId, &str> = events.iter().map(|e| (e.id, e.key.as_str())).collect();
+    let (mut runs, open) = pair(events);
     for ((pid, id, attempt), starts) in open {
         for start in starts {
             let end = *deaths.get(&pid).unwrap_or_else(|| {
                 panic!("run of {id} (attempt {attempt}) in live process {pid} never ended")
             });
-            let key = events
-                .iter()
-                .find(|e| e.id == id)
-                .map(|e| e.key.clone())
-                .unwrap_or_default();
-            out.entry(key).or_default().push(Run {
+            runs.push(Run {
                 start,
                 end,
                 pid,
@@ -104,6 +118,10 @@ pub fn runs_by_key(events: &[Event], deaths: &HashMap<u32, u128>) -> HashMap<Str
                 attempt,
             });
         }
+    }
+    let mut out: HashMap<String, Vec<Run>> = HashMap::new();
+    for r in runs {
+        out.entry(key_of[&r.id].to_string()).or_default().push(r);
     }
     for runs in out.values_mut() {
         runs.sort();
