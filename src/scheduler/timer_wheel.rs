@@ -259,18 +259,22 @@ impl TimerWheel {
     }
 
     /// Take up to `max` jobs due at `now_ms` (run-at ≤ now), earliest first.
+    /// Only jobs at or before their partition's horizon: a direct job left
+    /// beyond it (when room was made by dropping stored jobs before it) waits
+    /// until a refill has brought those back, so firing order holds.
     pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
-        let mut out = Vec::new();
-        while out.len() < max {
-            match self.entries.first_key_value() {
-                Some((k, _)) if k.run_at_ms <= now_ms => {
-                    let (k, v) = self.entries.pop_first().expect("first exists");
-                    out.push((k, v));
-                }
-                _ => break,
+        let mut keys = Vec::new();
+        for k in self.entries.keys() {
+            if k.run_at_ms > now_ms || keys.len() >= max {
+                break;
+            }
+            if matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k)) {
+                keys.push(*k);
             }
         }
-        out
+        keys.into_iter()
+            .filter_map(|k| self.entries.remove(&k).map(|v| (k, v)))
+            .collect()
     }
 
     /// Put back jobs that could not be fired (their partition still owned);
@@ -412,12 +416,15 @@ mod tests {
         w.follow(&applied);
         assert_eq!(w.len(), 4);
         assert_eq!(w.direct_len(), 2);
-        let due = w.take_due(10, 10);
-        assert_eq!(
-            due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>(),
-            vec![3, 10, 11, 4],
-            "one run-at order for direct and stored jobs"
-        );
+        // Room was made by dropping stored job c (3 ms): the direct job at
+        // 5 ms waits until c is back, so they fire in run-at order.
+        let seqs = |due: &[(DueKey, StoredJob)]| due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>();
+        let first = w.take_due(10, 10);
+        assert_eq!(seqs(&first), vec![3, 10, 11]);
+        w.refill(&s, 10).unwrap();
+        let second = w.take_due(10, 10);
+        assert_eq!(seqs(&second), vec![12, 4]);
+        let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
         let direct = w.take_direct(&due);
         assert_eq!(direct, HashSet::from([key(0, 3), key(5, 4)]));
         assert_eq!(w.direct_len(), 0);
