@@ -20,6 +20,11 @@
 //! idempotent, acks=all, linger 5 ms) writes N identical records to a topic
 //! of the same shape and the same kind of consumer reads them back: the
 //! broker's raw pipe. Rounds alternate raw, kairos (`KAIROS_BENCH_ROUNDS`, 2).
+//! For reference only (not the target's baseline), each round also runs a
+//! bare relay: the same records written to one topic, copied by a plain
+//! consumer → producer loop to a second topic and read there. That is the
+//! broker work any scheduler in the path adds (in, out, in, out), with no
+//! scheduling at all.
 //!
 //! **(b) Lateness.** Jobs due at a steady rate (10,000 per second) for
 //! `KAIROS_BENCH_SECS` (10), run-ats spread evenly, each written
@@ -406,6 +411,78 @@ fn throughput_raw(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies
     }
 }
 
+/// The reference relay: records written to the schedule topic, copied to the
+/// work topic by a plain consumer → producer loop, read there.
+fn throughput_relay(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
+    let n = bodies.keys.len();
+    let (cfg, out) = raw_topic(rt, broker);
+    let input = cfg.topics.schedule.clone();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let r = reader(&cfg.kafka.brokers, &out, n, deadline);
+    r.wait_ready();
+    let brokers = cfg.kafka.brokers.clone();
+    let producer_cfg = kairos::kafka::producer_config(&cfg.kafka, "kairos-bench-relay");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let relay = std::thread::spawn(move || {
+        let consumer = common::reader(
+            &brokers,
+            "bench-relay",
+            &[("enable.partition.eof", "false"), ("fetch.wait.max.ms", "10")],
+        );
+        common::assign_from_start(&consumer, &input);
+        let producer: FutureProducer = producer_cfg.create().expect("relay producer");
+        producer
+            .client()
+            .fetch_metadata(Some(&out), Duration::from_secs(10))
+            .expect("metadata");
+        let _ = ready_tx.send(());
+        let mut acks = Vec::with_capacity(n);
+        while acks.len() < n && Instant::now() < deadline {
+            let Some(m) = consumer.poll(Duration::from_millis(20)) else {
+                continue;
+            };
+            let m = m.expect("relay consume");
+            let mut rec = FutureRecord::to(&out).key(m.key().unwrap_or_default());
+            if let Some(v) = m.payload() {
+                rec = rec.payload(v);
+            }
+            if let Some(h) = m.headers() {
+                rec = rec.headers(h.detach());
+            }
+            loop {
+                match producer.send_result(rec) {
+                    Ok(f) => {
+                        acks.push(f);
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        rec = back;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => panic!("relay produce: {e}"),
+                }
+            }
+        }
+        acks.into_iter().map(settle).sum::<u64>()
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("relay ready");
+    let w = Writer::new(&cfg, &cfg.topics.schedule);
+    let t0 = now_us();
+    let written = write_past_due(w, bodies, "relay");
+    let seen = r.finish();
+    assert_eq!(relay.join().expect("relay thread"), 0, "relay writes failed");
+    assert_eq!(seen.len(), n, "relayed records read back");
+    let last = seen.iter().map(|s| s.at_us).max().expect("records");
+    Throughput {
+        secs: (last - t0) as f64 / 1e6,
+        written_secs: (written - t0) as f64 / 1e6,
+        ingested_secs: None,
+        duplicates: 0,
+    }
+}
+
 /// Write every body as a record due a second ago; returns when the last
 /// write was acknowledged (µs since the epoch).
 fn write_past_due(mut w: Writer, bodies: &Bodies, what: &str) -> i64 {
@@ -619,6 +696,7 @@ fn main() {
         let mut ratios = Vec::new();
         let mut raws = Vec::new();
         let mut kai = Vec::new();
+        let mut relays = Vec::new();
         for round in 1..=rounds {
             let raw = throughput_raw(&rt, &broker, &bodies);
             println!(
@@ -636,11 +714,27 @@ fn main() {
                 k.ingested_secs.map_or("?".into(), |s| format!("{s:.2} s")),
                 k.duplicates
             );
+            let relay = throughput_relay(&rt, &broker, &bodies);
+            println!(
+                "  round {round} relay  {:>9.0} records/s  ({:.2} s; writes acked at {:.2} s; reference: a bare consume → produce hop)",
+                relay.rate(n),
+                relay.secs,
+                relay.written_secs
+            );
             ratios.push(k.rate(n) / raw.rate(n));
             raws.push(raw.rate(n));
             kai.push(k.rate(n));
+            relays.push(relay.rate(n));
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let relay_line = format!(
+            "reference: bare relay/raw = {:.2}, kairos/relay = {:.2} (relay {:.0} records/s, means): the hop through a second topic alone",
+            mean(&relays) / mean(&raws),
+            mean(&kai) / mean(&relays),
+            mean(&relays)
+        );
+        println!("  {relay_line}");
+        summary.push(relay_line);
         let ratio = mean(&ratios);
         let line = format!(
             "throughput ratio kairos/raw = {ratio:.2} (per round {}; kairos {:.0} fired/s vs raw {:.0} records/s, means) — target ≥ {TARGET_THROUGHPUT_RATIO}: {}",
