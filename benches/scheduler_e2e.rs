@@ -382,6 +382,18 @@ struct Throughput {
 }
 
 impl Throughput {
+    /// Timings from the first write (`t0`), the last acknowledged write and
+    /// the records read back, µs since the epoch.
+    fn measured(t0: i64, written: i64, seen: &[Seen]) -> Throughput {
+        let last = seen.iter().map(|s| s.at_us).max().expect("records");
+        Throughput {
+            secs: (last - t0) as f64 / 1e6,
+            written_secs: (written - t0) as f64 / 1e6,
+            ingested_secs: None,
+            duplicates: 0,
+        }
+    }
+
     fn rate(&self, n: u64) -> f64 {
         n as f64 / self.secs
     }
@@ -402,13 +414,7 @@ fn throughput_raw(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies
     let written = write_past_due(w, bodies, "raw");
     let seen = r.finish();
     assert_eq!(seen.len(), n, "raw records read back");
-    let last = seen.iter().map(|s| s.at_us).max().expect("records");
-    Throughput {
-        secs: (last - t0) as f64 / 1e6,
-        written_secs: (written - t0) as f64 / 1e6,
-        ingested_secs: None,
-        duplicates: 0,
-    }
+    Throughput::measured(t0, written, &seen)
 }
 
 /// The reference relay: records written to the schedule topic, copied to the
@@ -474,13 +480,7 @@ fn throughput_relay(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodi
     let seen = r.finish();
     assert_eq!(relay.join().expect("relay thread"), 0, "relay writes failed");
     assert_eq!(seen.len(), n, "relayed records read back");
-    let last = seen.iter().map(|s| s.at_us).max().expect("records");
-    Throughput {
-        secs: (last - t0) as f64 / 1e6,
-        written_secs: (written - t0) as f64 / 1e6,
-        ingested_secs: None,
-        duplicates: 0,
-    }
+    Throughput::measured(t0, written, &seen)
 }
 
 /// Write every body as a record due a second ago; returns when the last
@@ -534,16 +534,14 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
         seen.len(),
         running.handle.status()
     );
-    let last = seen.iter().map(|s| s.at_us).max().expect("records");
     let ids: HashSet<u128> = seen.iter().map(|s| s.id).collect();
     let st = running.handle.status();
     running.stop(rt);
     eprintln!("  kairos status after: {st:?}");
     Throughput {
-        secs: (last - t0) as f64 / 1e6,
-        written_secs: (written - t0) as f64 / 1e6,
         ingested_secs: ingested.map(|t| (t - t0) as f64 / 1e6),
         duplicates: seen.len() - ids.len(),
+        ..Throughput::measured(t0, written, &seen)
     }
 }
 
