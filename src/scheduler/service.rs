@@ -591,11 +591,7 @@ fn ingest_batch(
         w.follow(&applied);
         for (p, pb) in parts.iter_mut() {
             for s in std::mem::take(&mut pb.direct) {
-                let k = DueKey {
-                    run_at_ms: s.job.run_at.timestamp_millis(),
-                    partition: *p,
-                    seq: s.seq,
-                };
+                let k = DueKey::of(*p, &s);
                 let (id, offset) = (s.job.id, s.seq);
                 match w.add_direct(k, s) {
                     None => {
@@ -639,35 +635,31 @@ fn ingest_batch(
 /// id (a replace must delete the old job durably), and where the window
 /// mirrors the partition up to them (so they fire in order with stored jobs).
 fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
-    let mut picked: Vec<usize> = {
+    // (index in `changes`, job id) of the candidates.
+    let candidates: Vec<(usize, JobId)> = {
         let w = shared.wheel();
         pb.due_puts
             .iter()
-            .copied()
-            .filter(|i| match &pb.changes[*i] {
-                Change::Put(s) => {
-                    pb.mentions.get(&s.job.id) == Some(&1)
-                        && w.may_add_direct(&DueKey {
-                            run_at_ms: s.job.run_at.timestamp_millis(),
-                            partition: p,
-                            seq: s.seq,
-                        })
+            .filter_map(|&i| match &pb.changes[i] {
+                Change::Put(s)
+                    if pb.mentions.get(&s.job.id) == Some(&1) && w.may_add_direct(&DueKey::of(p, s)) =>
+                {
+                    Some((i, s.job.id))
                 }
-                _ => false,
+                _ => None,
             })
             .collect()
     };
-    if picked.is_empty() {
+    if candidates.is_empty() {
         return Ok(());
     }
-    let id_of = |c: &Change| match c {
-        Change::Put(s) => s.job.id,
-        Change::Delete(id) | Change::Fired(id, _) => *id,
-    };
-    let ids: Vec<JobId> = picked.iter().map(|i| id_of(&pb.changes[*i])).collect();
+    let ids: Vec<JobId> = candidates.iter().map(|(_, id)| *id).collect();
     let pending = shared.store.pending_ids(p, &ids)?;
-    picked.retain(|i| !pending.contains(&id_of(&pb.changes[*i])));
-    let picked: HashSet<usize> = picked.into_iter().collect();
+    let picked: HashSet<usize> = candidates
+        .into_iter()
+        .filter(|(_, id)| !pending.contains(id))
+        .map(|(i, _)| i)
+        .collect();
     for (i, c) in std::mem::take(&mut pb.changes).into_iter().enumerate() {
         match c {
             Change::Put(s) if picked.contains(&i) => pb.direct.push(s),

@@ -71,6 +71,17 @@ pub struct DueKey {
     pub seq: u64,
 }
 
+impl DueKey {
+    /// Where `s` sits in `partition`.
+    pub fn of(partition: i32, s: &StoredJob) -> DueKey {
+        DueKey {
+            run_at_ms: s.job.run_at.timestamp_millis(),
+            partition,
+            seq: s.seq,
+        }
+    }
+}
+
 /// One change to a partition's pending jobs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -272,8 +283,34 @@ fn prefix(kind: u8, partition: i32) -> [u8; 5] {
 
 // ------------------------------------------------------------------ chunks
 
-/// The key of a far chunk or near run.
+/// The key of a far chunk, near run or id chunk.
 type ChunkKey = [u8; 21];
+
+fn chunk_key(k: &[u8]) -> Result<ChunkKey, CorruptJob> {
+    k.try_into().map_err(|_| CorruptJob("chunk key"))
+}
+
+/// The greatest key in `[lo, hi]` (both of one kind and partition).
+fn key_at_or_before(tree: &sled::Tree, lo: &ChunkKey, hi: &ChunkKey) -> Result<Option<ChunkKey>, StoreError> {
+    match tree.range(&lo[..]..=&hi[..]).keys().next_back() {
+        Some(k) => Ok(Some(chunk_key(&k?)?)),
+        None => Ok(None),
+    }
+}
+
+/// The first key after `key` of the same kind and partition (its first 5 bytes).
+fn key_after(tree: &sled::Tree, key: &ChunkKey) -> Result<Option<ChunkKey>, StoreError> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let next = tree
+        .range::<&[u8], _>((Excluded(&key[..]), Unbounded))
+        .keys()
+        .next()
+        .transpose()?;
+    Ok(next
+        .filter(|k| k.len() == 21 && k[..5] == key[..5])
+        .map(|k| chunk_key(&k))
+        .transpose()?)
+}
 
 /// One encoded job inside a chunk or run, with the fields the store orders
 /// and finds it by, read without decoding the rest: moving a job between
@@ -420,20 +457,6 @@ impl<'a> NearRuns<'a> {
         }
     }
 
-    /// The first committed run key after `key` in this partition.
-    fn run_after(&self, key: &ChunkKey) -> Result<Option<ChunkKey>, StoreError> {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let next = self
-            .tree
-            .range::<&[u8], _>((Excluded(&key[..]), Unbounded))
-            .keys()
-            .next()
-            .transpose()?;
-        Ok(next
-            .filter(|k| k.len() == 21 && k[..5] == prefix(N, self.partition))
-            .map(|k| k.as_ref().try_into().expect("21 bytes")))
-    }
-
     /// The committed run that `k` belongs to (`None`: there is none yet),
     /// loaded.
     fn run_of(&mut self, k: &DueKey) -> Result<Option<ChunkKey>, StoreError> {
@@ -444,17 +467,13 @@ impl<'a> NearRuns<'a> {
             }
         }
         let start = n_start(self.partition);
-        let below = self.tree.range(start..=key).keys().next_back().transpose()?;
-        let (from, run) = match below {
-            Some(b) => {
-                let b: ChunkKey = b.as_ref().try_into().map_err(|_| CorruptJob("near run key"))?;
-                (b, Some(b))
-            }
+        let (from, run) = match key_at_or_before(self.tree, &start, &key)? {
+            Some(b) => (b, Some(b)),
             // Before every run: the first run, if any, takes it.
-            None => (start, self.run_after(&start)?),
+            None => (start, key_after(self.tree, &start)?),
         };
         let until = match run {
-            Some(r) => self.run_after(&r)?,
+            Some(r) => key_after(self.tree, &r)?,
             None => None,
         };
         self.last = Some((from, until, run));
@@ -519,14 +538,6 @@ impl<'a> NearRuns<'a> {
         for piece in pieces {
             batch.insert(&n_key(&piece[0].key(p))[..], encode_chunk(&piece));
         }
-    }
-}
-
-fn due_key(partition: i32, s: &StoredJob) -> DueKey {
-    DueKey {
-        run_at_ms: s.job.run_at.timestamp_millis(),
-        partition,
-        seq: s.seq,
     }
 }
 
@@ -613,30 +624,15 @@ impl<'a> Hints<'a> {
 
     /// The first id of the chunk holding `id`'s hint, loading the chunk.
     fn chunk_of(&mut self, id: &[u8; 16]) -> Result<[u8; 16], StoreError> {
-        use std::ops::Bound::{Excluded, Unbounded};
         if let Some((from, until)) = self.last {
             if from <= *id && until.is_none_or(|u| *id < u) {
                 return Ok(from);
             }
         }
+        let id_of = |k: ChunkKey| -> [u8; 16] { k[5..21].try_into().expect("21-byte key") };
         let lo = j_key(self.partition, &[0u8; 16]);
-        let hi = j_key(self.partition, id);
-        let start = match self.tree.range(lo..=hi).next_back() {
-            Some(item) => {
-                let (k, _) = item?;
-                k[5..21].try_into().expect("21-byte key")
-            }
-            None => [0u8; 16],
-        };
-        let next = self
-            .tree
-            .range::<&[u8], _>((Excluded(&j_key(self.partition, &start)[..]), Unbounded))
-            .keys()
-            .next()
-            .transpose()?;
-        let until = next
-            .filter(|k| k.len() == 21 && k[..5] == prefix(J, self.partition))
-            .map(|k| k[5..21].try_into().expect("21-byte key"));
+        let start = key_at_or_before(self.tree, &lo, &j_key(self.partition, id))?.map_or([0u8; 16], id_of);
+        let until = key_after(self.tree, &j_key(self.partition, &start))?.map(id_of);
         self.last = Some((start, until));
         if !self.chunks.contains_key(&start) {
             let hints = match self.tree.get(j_key(self.partition, &start))? {
@@ -759,7 +755,7 @@ impl<'a> View<'a> {
                 }
                 if chunk_jobs(&v)?.iter().any(|j| j.seq == h.seq && j.id == *id) {
                     return Ok(Some(Loc::Far {
-                        chunk: k.as_ref().try_into().map_err(|_| CorruptJob("far chunk key"))?,
+                        chunk: chunk_key(&k)?,
                         run_at_ms: h.run_at_ms,
                         seq: h.seq,
                     }));
@@ -823,7 +819,7 @@ impl<'a> Writer<'a> {
         let run_at_ms = s.job.run_at.timestamp_millis();
         let t = self.view.cp.cascaded_to;
         let loc = if run_at_ms < t {
-            let k = due_key(p, s);
+            let k = DueKey::of(p, s);
             self.view.near.add(Raw::new(s))?;
             self.applied.push(Applied::Added(k, s.clone()));
             Loc::Near(k)
@@ -1078,10 +1074,7 @@ impl Store {
         let start = n_start(partition);
         // The run holding `after` (runs are sorted and do not overlap).
         let from = match after {
-            Some(k) => match self.tree.range(start..=n_key(&k)).keys().next_back() {
-                Some(r) => r?.as_ref().try_into().map_err(|_| CorruptJob("near run key"))?,
-                None => start,
-            },
+            Some(k) => key_at_or_before(&self.tree, &start, &n_key(&k))?.unwrap_or(start),
             None => start,
         };
         let end = n_key(&DueKey {
@@ -1443,11 +1436,12 @@ mod tests {
             let (model, ids) = (&mut m.jobs, &m.ids);
             for (k, j) in &due {
                 assert!(k.run_at_ms <= now, "round {round}: early");
-                assert_eq!(model.remove(&j.job.id).map(|m| due_key(0, &m)), Some(*k));
+                assert_eq!(model.remove(&j.job.id).map(|m| DueKey::of(0, &m)), Some(*k));
             }
             let fires: Vec<Change> = due.iter().map(|(k, j)| Change::Fired(j.job.id, *k)).collect();
             s.apply(0, &fires, None).unwrap();
-            let mut want: Vec<(DueKey, JobId)> = model.values().map(|j| (due_key(0, j), j.job.id)).collect();
+            let mut want: Vec<(DueKey, JobId)> =
+                model.values().map(|j| (DueKey::of(0, j), j.job.id)).collect();
             want.sort();
             let got: Vec<(DueKey, JobId)> = s
                 .scan_due(0, None, i64::MAX, usize::MAX)

@@ -96,8 +96,13 @@ impl TimerWheel {
     /// Whether a direct job at `k` may enter: its partition is mirrored up
     /// to `k` and direct jobs fill less than half the capacity.
     pub fn may_add_direct(&self, k: &DueKey) -> bool {
+        self.mirrors(k) && self.direct.len() < self.capacity / 2
+    }
+
+    /// Whether the window mirrors the store at `k`: its partition is owned
+    /// and loaded up to `k`.
+    fn mirrors(&self, k: &DueKey) -> bool {
         matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k))
-            && self.direct.len() < self.capacity / 2
     }
 
     /// Add a direct job, if [`TimerWheel::may_add_direct`] allows it; a job
@@ -160,10 +165,7 @@ impl TimerWheel {
                     self.entries.remove(k);
                 }
                 Applied::Added(k, job) => {
-                    let Some(Some(h)) = self.horizons.get(&k.partition) else {
-                        continue;
-                    };
-                    if h.covers(k) {
+                    if self.mirrors(k) {
                         self.entries.insert(*k, job.clone());
                     }
                 }
@@ -268,7 +270,7 @@ impl TimerWheel {
             if k.run_at_ms > now_ms || keys.len() >= max {
                 break;
             }
-            if matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k)) {
+            if self.mirrors(k) {
                 keys.push(*k);
             }
         }
