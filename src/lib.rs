@@ -32,6 +32,7 @@ pub mod config;
 pub mod demo;
 pub mod dev_broker;
 pub mod example;
+pub mod hash;
 pub mod job;
 pub mod kafka;
 pub mod producer;

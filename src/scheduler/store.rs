@@ -38,7 +38,9 @@
 //! Every change of a batch (jobs, hints, checkpoint) lands atomically in one
 //! sled batch.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use crate::hash::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -452,7 +454,7 @@ impl<'a> NearRuns<'a> {
         NearRuns {
             tree,
             partition,
-            runs: HashMap::new(),
+            runs: HashMap::default(),
             last: None,
         }
     }
@@ -616,8 +618,8 @@ impl<'a> Hints<'a> {
         Hints {
             tree,
             partition,
-            chunks: HashMap::new(),
-            touched: HashSet::new(),
+            chunks: HashMap::default(),
+            touched: HashSet::default(),
             last: None,
         }
     }
@@ -725,7 +727,7 @@ impl<'a> View<'a> {
             cp,
             hints: Hints::new(&store.tree, partition),
             near: NearRuns::new(&store.tree, partition),
-            overlay: HashMap::new(),
+            overlay: HashMap::default(),
         })
     }
 
@@ -967,7 +969,7 @@ impl Store {
             view: View::new(self, partition)?,
             batch: sled::Batch::default(),
             new_far: BTreeMap::new(),
-            far_removals: HashMap::new(),
+            far_removals: HashMap::default(),
             applied: Vec::new(),
         };
         for change in changes {
@@ -1051,7 +1053,7 @@ impl Store {
     pub fn pending_ids(&self, partition: i32, ids: &[JobId]) -> Result<HashSet<JobId>, StoreError> {
         let _guard = self.write.lock().unwrap_or_else(|e| e.into_inner());
         let mut view = View::new(self, partition)?;
-        let mut out = HashSet::new();
+        let mut out = HashSet::default();
         for id in ids {
             if view.locate(id)?.is_some() {
                 out.insert(*id);
@@ -1373,7 +1375,7 @@ mod tests {
         fn new(seed: u64) -> Model {
             Model {
                 rng: rand::rngs::StdRng::seed_from_u64(seed),
-                jobs: HashMap::new(),
+                jobs: HashMap::default(),
                 ids: Vec::new(),
                 seq: 0,
             }

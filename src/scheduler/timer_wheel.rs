@@ -14,7 +14,9 @@
 //! (so they fire in order with stored jobs), at most half the capacity of
 //! them, and they are never dropped to make room.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use crate::hash::{HashMap, HashSet};
 
 use crate::scheduler::store::{Applied, DueKey, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
@@ -74,10 +76,10 @@ impl TimerWheel {
     pub fn new(span_ms: i64, capacity: usize) -> Self {
         TimerWheel {
             entries: BTreeMap::new(),
-            horizons: HashMap::new(),
+            horizons: HashMap::default(),
             span_ms: span_ms.max(1),
             capacity: capacity.max(1),
-            direct: HashSet::new(),
+            direct: HashSet::default(),
         }
     }
 
@@ -122,7 +124,7 @@ impl TimerWheel {
     /// direct entries until put back.
     pub fn take_direct(&mut self, due: &[(DueKey, StoredJob)]) -> HashSet<DueKey> {
         if self.direct.is_empty() {
-            return HashSet::new();
+            return HashSet::default();
         }
         due.iter()
             .filter_map(|(k, _)| self.direct.remove(k).then_some(*k))
@@ -428,7 +430,7 @@ mod tests {
         assert_eq!(seqs(&second), vec![12, 4]);
         let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
         let direct = w.take_direct(&due);
-        assert_eq!(direct, HashSet::from([key(0, 3), key(5, 4)]));
+        assert_eq!(direct, HashSet::from_iter([key(0, 3), key(5, 4)]));
         assert_eq!(w.direct_len(), 0);
         // A failed fire puts them back, direct again.
         w.put_back(due, &direct);

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 /// Keys come from the network: the hasher is seeded at random per table.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::hash::HashMap;
 
 /// Something the table schedules: it belongs to a key and a partition.
 pub trait Keyed {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::hash::HashMap;
 
 /// Per-partition offset bookkeeping.
 #[derive(Default)]

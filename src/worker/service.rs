@@ -11,7 +11,7 @@
 //! a handler that computes for long without awaiting holds up the other
 //! handlers of its driver, so CPU-heavy work belongs in `spawn_blocking`.
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::hash::HashMap;
 use std::future::{Future, IntoFuture};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
