@@ -171,6 +171,22 @@ async fn enqueue_record(
     }
 }
 
+/// Ask `producer`'s cluster for the metadata of `topic`, so that its first
+/// writes to it do not wait for librdkafka to look it up (on a cold producer
+/// that wait held the first fires after a start back by most of a second on
+/// the test broker). Only for a topic known to exist: a producer's metadata
+/// request may auto-create a topic on brokers that allow it.
+pub async fn warm_up(producer: &FutureProducer, topic: &str, timeout: std::time::Duration) {
+    use rdkafka::producer::Producer as _;
+    let client = producer.clone();
+    let name = topic.to_string();
+    let started = std::time::Instant::now();
+    match blocking(move || client.client().fetch_metadata(Some(&name), timeout).map(|_| ())).await {
+        Ok(()) => tracing::debug!(topic, elapsed = ?started.elapsed(), "producer warmed up"),
+        Err(e) => tracing::warn!(topic, error = %e, "producer warm-up failed; first writes may wait"),
+    }
+}
+
 /// Run a blocking librdkafka call: on tokio's blocking pool inside a runtime,
 /// inline on a plain thread (the worker's and scheduler's poll threads).
 async fn blocking<T: Send + 'static>(

@@ -15,7 +15,7 @@
 //!   from its checkpoint before the partition enters the window or a record
 //!   of it is ingested.
 
-use std::collections::{HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -183,9 +183,9 @@ impl Scheduler {
                 store,
                 wheel: Mutex::new(wheel),
                 wake: Notify::new(),
-                firing: Mutex::new(HashMap::new()),
+                firing: Mutex::new(HashMap::default()),
                 firing_done: Condvar::new(),
-                direct: Mutex::new(HashMap::new()),
+                direct: Mutex::new(HashMap::default()),
                 producer,
                 clock,
                 stop: CancellationToken::new(),
@@ -230,6 +230,20 @@ impl Scheduler {
             })
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         let stop = shared.stop.clone();
+        let warm = shared.clone();
+        // The topics the producer writes: the changelog, the dead-letter
+        // topic and the configured work topics, looked up once (the answer is
+        // cached for the first fires) and, where they exist, the producer
+        // warmed, so the first writes after a start do not wait for metadata.
+        tokio::spawn(async move {
+            let t = &warm.cfg.topics;
+            let topics = [&t.changelog, &t.dead_letter].into_iter().chain(&t.work);
+            for t in topics {
+                if let Ok(true) = warm.topic_check.exists(t).await {
+                    kafka::warm_up(&warm.producer, t, warm.cfg.kafka.produce_timeout).await;
+                }
+            }
+        });
         let cascader = tokio::spawn(cascade_loop(shared.clone()));
         let dispatcher = dispatch_loop(shared.clone());
         tokio::pin!(dispatcher);
@@ -507,7 +521,7 @@ fn ingest_batch(
 ) -> Result<(), SchedulerError> {
     let cfg = &shared.cfg;
     let now = shared.clock.now();
-    let mut parts: HashMap<i32, PartitionBatch> = HashMap::new();
+    let mut parts: HashMap<i32, PartitionBatch> = HashMap::default();
     let mut dead: Vec<OwnedRecord> = Vec::new();
     for m in &msgs {
         let p = m.partition();
@@ -585,7 +599,7 @@ fn ingest_batch(
     }
     // Stored jobs and direct jobs enter the window together, so the
     // dispatcher sees them in one run-at order.
-    let mut fallback: HashMap<i32, PartitionBatch> = HashMap::new();
+    let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
     {
         let mut w = shared.wheel();
         w.follow(&applied);
@@ -695,7 +709,7 @@ fn persist(
     let mut sends: Vec<(Option<i32>, &OwnedRecord)> = records.iter().map(|(p, r)| (Some(*p), r)).collect();
     sends.extend(dead.iter().map(|r| (None, r)));
     let delivered = send_all_retrying(shared, &sends)?;
-    let mut changelog_next: HashMap<i32, i64> = HashMap::new();
+    let mut changelog_next: HashMap<i32, i64> = HashMap::default();
     for ((p, rec), d) in sends.iter().zip(&delivered) {
         if let (Some(p), true) = (p, rec.topic == cfg.topics.changelog) {
             let e = changelog_next.entry(*p).or_insert(0);
@@ -773,7 +787,7 @@ fn send_all_retrying(
 /// that the changelog keeps each job's records in order (compaction keeps the
 /// last one, and a put retried after its own tombstone would revive the job).
 fn written_again(parts: &[Option<i32>], failed: &[usize]) -> Vec<usize> {
-    let mut first: HashMap<i32, usize> = HashMap::new();
+    let mut first: HashMap<i32, usize> = HashMap::default();
     for &i in failed {
         if let Some(p) = parts[i] {
             let f = first.entry(p).or_insert(i);
@@ -927,7 +941,7 @@ async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mpsc::Unbounde
         }
         let mut parts: Vec<HashSet<i32>> = Vec::new();
         let mut due = Vec::new();
-        let mut direct = HashSet::new();
+        let mut direct = HashSet::default();
         let mut writes: FireWrites = Vec::new();
         for b in batches {
             due.extend(b.due);
@@ -968,7 +982,7 @@ type FireWrites = Vec<
 /// that do not exist are not written (librdkafka would only time out on
 /// them): their write fails at once and [`finish_fire`] dead-letters them.
 async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
-    let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::new();
+    let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::default();
     for (_, s) in due {
         if !missing.contains_key(s.job.topic.as_str()) {
             let exists = shared.topic_check.exists(&s.job.topic).await;
@@ -1085,7 +1099,7 @@ async fn finish_fire(
             .map(|(p, r)| kafka::send(&shared.producer, r, Some(*p))),
     )
     .await;
-    let mut by_part: HashMap<i32, (Vec<Change>, i64)> = HashMap::new();
+    let mut by_part: HashMap<i32, (Vec<Change>, i64)> = HashMap::default();
     for ((k, s), r) in done.iter().zip(tomb_results) {
         let e = by_part.entry(k.partition).or_insert((Vec::new(), 0));
         match r {
