@@ -1,7 +1,8 @@
-//! Hash maps and sets keyed by values Kairos makes or checks itself (job
-//! ids, due keys, partitions, offsets) on its hot paths, with a fast
-//! non-cryptographic hasher (foldhash, seeded per map) instead of the
-//! standard library's SipHash.
+//! Hash maps and sets for Kairos's hot paths (job ids, due keys, entity
+//! keys, partitions, offsets), with a fast non-cryptographic hasher
+//! (foldhash) instead of the standard library's SipHash. Each map is
+//! seeded at random, so keys read from the network cannot choose their
+//! buckets.
 
 /// A [`std::collections::HashMap`] with foldhash. Build with `default()`.
 pub type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-/// Keys come from the network: the hasher is seeded at random per table.
+// Keys come from the network: the hasher is seeded at random per table.
 use crate::hash::HashMap;
 
 /// Something the table schedules: it belongs to a key and a partition.
