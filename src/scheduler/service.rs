@@ -239,6 +239,9 @@ impl Scheduler {
             let t = &warm.cfg.topics;
             let topics = [&t.changelog, &t.dead_letter].into_iter().chain(&t.work);
             for t in topics {
+                if warm.stop.is_cancelled() {
+                    break;
+                }
                 if let Ok(true) = warm.topic_check.exists(t).await {
                     kafka::warm_up(&warm.producer, t, warm.cfg.kafka.produce_timeout).await;
                 }
