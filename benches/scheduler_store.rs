@@ -24,9 +24,10 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
-use kairos::scheduler::store::{Change, Store};
+use kairos::scheduler::store::{Change, DueKey, Store};
 use kairos::scheduler::stored::StoredJob;
 use kairos::scheduler::timer_wheel::TimerWheel;
 use support::*;
@@ -58,9 +59,10 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
 
     let started = Instant::now();
     for chunk in jobs.chunks(INGEST_BATCH) {
-        for (p, changes) in puts_by_partition(chunk.iter().cloned()) {
-            store.apply(p, &changes, None).expect("apply puts");
-        }
+        let by_part = puts_by_partition(chunk.iter().cloned());
+        let writes: Vec<(i32, &[Change], Option<i64>)> =
+            by_part.iter().map(|(p, c)| (*p, &c[..], None)).collect();
+        store.apply_all(&writes).expect("apply puts");
         store.flush().expect("flush");
     }
     let schedule = started.elapsed().as_secs_f64();
@@ -69,35 +71,50 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
         .sum();
     assert_eq!(pending, jobs.len() as u64, "every job pending after scheduling");
 
+    // As the scheduler does it: the dispatcher refills and takes due jobs
+    // while a finisher deletes the batches taken before (the service's
+    // `finish_loop`), one batch at a time, in order.
     let started = Instant::now();
-    let mut wheel = TimerWheel::new(WHEEL_SPAN_MS, WHEEL_CAPACITY);
+    let wheel = Mutex::new(TimerWheel::new(WHEEL_SPAN_MS, WHEEL_CAPACITY));
     for p in 0..PARTITIONS {
-        wheel.add_partition(p);
+        wheel.lock().unwrap().add_partition(p);
     }
-    let mut fired = 0u64;
-    loop {
-        if wheel.refill_due_ms().is_some_and(|t| t <= fire_at_ms) {
-            wheel.refill(&store, fire_at_ms).expect("refill");
+    let (to_finisher, batches) = mpsc::sync_channel::<Vec<(DueKey, StoredJob)>>(2);
+    let fired = std::thread::scope(|s| {
+        let finisher = s.spawn(|| {
+            let mut fired = 0u64;
+            for due in batches {
+                let mut by_part: HashMap<i32, Vec<Change>> = HashMap::new();
+                for (k, s) in &due {
+                    by_part
+                        .entry(k.partition)
+                        .or_default()
+                        .push(Change::Fired(s.job.id, *k));
+                }
+                let writes: Vec<(i32, &[Change], Option<i64>)> =
+                    by_part.iter().map(|(p, c)| (*p, &c[..], None)).collect();
+                let applied = store.apply_all(&writes).expect("apply fired");
+                store.flush().expect("flush");
+                wheel.lock().unwrap().follow(&applied);
+                fired += due.len() as u64;
+            }
+            fired
+        });
+        loop {
+            let mut w = wheel.lock().unwrap();
+            if w.refill_due_ms().is_some_and(|t| t <= fire_at_ms) {
+                w.refill(&store, fire_at_ms).expect("refill");
+            }
+            let due = w.take_due(fire_at_ms, FIRE_BATCH);
+            drop(w);
+            if due.is_empty() {
+                break;
+            }
+            to_finisher.send(due).expect("finisher running");
         }
-        let due = wheel.take_due(fire_at_ms, FIRE_BATCH);
-        if due.is_empty() {
-            break;
-        }
-        let mut by_part: HashMap<i32, Vec<Change>> = HashMap::new();
-        for (k, s) in &due {
-            by_part
-                .entry(k.partition)
-                .or_default()
-                .push(Change::Fired(s.job.id, *k));
-        }
-        let mut applied = Vec::new();
-        for (p, changes) in by_part {
-            applied.extend(store.apply(p, &changes, None).expect("apply fired"));
-        }
-        store.flush().expect("flush");
-        wheel.follow(&applied);
-        fired += due.len() as u64;
-    }
+        drop(to_finisher);
+        finisher.join().expect("finisher")
+    });
     let fire = started.elapsed().as_secs_f64();
     assert_eq!(fired, jobs.len() as u64, "every job fired once");
     let left: u64 = (0..PARTITIONS)

@@ -4,6 +4,8 @@
 //! Parts:
 //! - [`stored`]: a job's bytes at rest (sled and changelog).
 //! - [`store`]: the sled store of pending jobs, ordered by run-at.
+//! - `value_log`: the store's chunk bytes, appended to segment files outside
+//!   sled (sled holds pointers).
 //! - [`timer_wheel`]: the in-memory window over the near future.
 //! - [`changelog`]: the compacted changelog that hands a partition's state
 //!   to its next owner.
@@ -34,5 +36,6 @@ pub mod service;
 pub mod store;
 pub mod stored;
 pub mod timer_wheel;
+mod value_log;
 
 pub use service::{Scheduler, SchedulerError, Status};

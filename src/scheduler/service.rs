@@ -720,20 +720,14 @@ fn persist(
         }
     }
     // 2. The store, flushed to disk (nothing to do for a batch of direct jobs).
+    let writes: Vec<(i32, &[Change], Option<i64>)> = parts
+        .iter()
+        .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
+        .map(|(p, pb)| (*p, &pb.changes[..], changelog_next.get(p).copied()))
+        .collect();
     let mut applied = Vec::new();
-    let mut wrote = false;
-    for (p, pb) in parts {
-        if pb.changes.is_empty() && !changelog_next.contains_key(p) {
-            continue;
-        }
-        applied.extend(
-            shared
-                .store
-                .apply(*p, &pb.changes, changelog_next.get(p).copied())?,
-        );
-        wrote = true;
-    }
-    if wrote {
+    if !writes.is_empty() {
+        applied = shared.store.apply_all(&writes)?;
         shared.store.flush()?;
     }
     Ok(applied)
@@ -830,12 +824,29 @@ async fn cascade_loop(shared: Arc<Shared>) {
                 return;
             }
         }
+        // Stragglers (jobs due far ahead) keep old value-log segments alive:
+        // copy them forward so the segments can go.
+        if let Err(e) = blocking_store(&shared, "compact", |s| {
+            // Flushed now so that the emptied segments go now.
+            if s.store.compact(COMPACT_BYTES)? > 0 {
+                s.store.flush()?;
+            }
+            Ok(())
+        })
+        .await
+        {
+            shared.fail(format!("compacting the store's value log: {e}"));
+            return;
+        }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = shared.stop.cancelled() => return,
         }
     }
 }
+
+/// Most bytes one compaction pass copies (one pass per cascade round).
+const COMPACT_BYTES: u64 = 32 << 20;
 
 /// Where the cascade point is kept: three windows ahead of now.
 fn cascade_until(shared: &Shared) -> i64 {
@@ -1118,10 +1129,11 @@ async fn finish_fire(
         Vec::new()
     } else {
         blocking_store(shared, "store delete", move |s| {
-            let mut applied: Vec<Applied> = Vec::new();
-            for (p, (changes, next)) in by_part {
-                applied.extend(s.store.apply(p, &changes, (next > 0).then_some(next))?);
-            }
+            let writes: Vec<(i32, &[Change], Option<i64>)> = by_part
+                .iter()
+                .map(|(p, (changes, next))| (*p, &changes[..], (*next > 0).then_some(*next)))
+                .collect();
+            let applied = s.store.apply_all(&writes)?;
             s.store.flush()?;
             Ok(applied)
         })

@@ -226,8 +226,13 @@ impl TimerWheel {
             let got = store.scan_due(p, h.map(|h| h.as_key(p)), until, room)?;
             let full = got.len() == room;
             let last = got.last().map(|(k, _)| *k);
-            for (k, job) in got {
-                self.entries.insert(k, job);
+            if got.len() >= self.entries.len() {
+                // Merging costs the size of both maps, and builds the
+                // scanned (sorted) jobs in one pass: cheaper than inserting
+                // them one by one when they are the larger part.
+                self.entries.append(&mut got.into_iter().collect());
+            } else {
+                self.entries.extend(got);
             }
             let new_h = match (full, last) {
                 (true, Some(k)) => Horizon {
@@ -268,17 +273,32 @@ impl TimerWheel {
     /// until a refill has brought those back, so firing order holds.
     pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
         let mut keys = Vec::new();
+        let mut skipped = false;
+        let mut end = None;
         for k in self.entries.keys() {
             if k.run_at_ms > now_ms || keys.len() >= max {
+                end = Some(*k);
                 break;
             }
             if self.mirrors(k) {
                 keys.push(*k);
+            } else {
+                skipped = true;
             }
         }
-        keys.into_iter()
-            .filter_map(|k| self.entries.remove(&k).map(|v| (k, v)))
-            .collect()
+        if skipped {
+            return keys
+                .into_iter()
+                .filter_map(|k| self.entries.remove(&k).map(|v| (k, v)))
+                .collect();
+        }
+        // Every entry before `end` is taken: split the map there, cheaper
+        // than removing the keys one by one.
+        let rest = match end {
+            Some(end) => self.entries.split_off(&end),
+            None => BTreeMap::new(),
+        };
+        std::mem::replace(&mut self.entries, rest).into_iter().collect()
     }
 
     /// Put back jobs that could not be fired (their partition still owned);

@@ -1,0 +1,486 @@
+//! The bytes of the store's chunks, kept outside sled in append-only segment
+//! files; sled holds a 20-byte pointer per chunk.
+//!
+//! sled 0.34 rewrites a whole leaf (up to 16 entries) every tenth update and
+//! logs every update, so a store whose values are kilobyte chunks wrote each
+//! job's bytes four to six times over. Here a chunk's bytes are written once,
+//! appended to the head segment; rewriting a chunk appends its new bytes and
+//! leaves the old ones as garbage.
+//!
+//! **Accounting.** Each segment has a count of live bytes (bytes some sled
+//! entry points at), kept in sled itself (`L` segment-id entries) in the same
+//! atomic batch as the pointers that change it. A sealed segment whose count
+//! drops to zero is deleted once that batch is durable (after the next
+//! [`ValueLog::sync`] and sled flush). Segment files that no count names
+//! (written by batches a crash cut off) are deleted on open.
+//!
+//! **Compaction.** A job due in a year keeps its whole segment alive. A
+//! sealed segment less than half live is a compaction candidate: the store
+//! copies its live chunks to the head and repoints their entries (see
+//! `Store::compact`), after which the segment is dead.
+//!
+//! **Crash ordering.** A batch's bytes are written to the head file (the
+//! kernel holds them) before the sled batch naming them is applied, so a
+//! process killed at any point never leaves a pointer to bytes it did not
+//! write. For power loss, [`ValueLog::sync`] fsyncs every segment written
+//! before sled's own flush: a flushed pointer names synced bytes unless the
+//! batch raced the flush (written after the segment sync, made durable by
+//! the same sled flush), the same window sled leaves for its own blob files.
+//! Every read checks a CRC-32 of the chunk, so such a chunk is reported as
+//! corrupt, never returned wrong.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use crate::hash::{HashMap, HashSet};
+use crate::scheduler::stored::CorruptJob;
+
+/// A head segment is sealed once it holds this many bytes.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// Bytes of an encoded [`Ptr`].
+pub const PTR_LEN: usize = 20;
+/// The sled key kind of the live-byte counts.
+pub const LIVE_KIND: u8 = b'L';
+
+/// Why the value log failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// A segment file could not be created, written, read, synced or deleted.
+    #[error("value log {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// A pointer or the bytes it names do not check out.
+    #[error("value log: {0}")]
+    Corrupt(#[from] CorruptJob),
+    /// sled failed applying the batch that points into the log.
+    #[error("value log: {0}")]
+    Sled(#[from] sled::Error),
+}
+
+/// Where a chunk's bytes are: segment, offset, length and CRC-32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ptr {
+    segment: u32,
+    offset: u64,
+    len: u32,
+    crc: u32,
+}
+
+impl Ptr {
+    /// The 20-byte form kept in sled.
+    pub fn encode(&self) -> [u8; PTR_LEN] {
+        let mut out = [0u8; PTR_LEN];
+        out[..4].copy_from_slice(&self.segment.to_be_bytes());
+        out[4..12].copy_from_slice(&self.offset.to_be_bytes());
+        out[12..16].copy_from_slice(&self.len.to_be_bytes());
+        out[16..20].copy_from_slice(&self.crc.to_be_bytes());
+        out
+    }
+
+    /// Read the pointer at the start of a sled value.
+    pub fn decode(v: &[u8]) -> Result<Ptr, CorruptJob> {
+        let v = v.get(..PTR_LEN).ok_or(CorruptJob("value pointer"))?;
+        let u32_at = |i: usize| u32::from_be_bytes(v[i..i + 4].try_into().expect("4 bytes"));
+        Ok(Ptr {
+            segment: u32_at(0),
+            offset: u64::from_be_bytes(v[4..12].try_into().expect("8 bytes")),
+            len: u32_at(12),
+            crc: u32_at(16),
+        })
+    }
+
+    /// The segment holding the bytes.
+    pub fn segment(&self) -> u32 {
+        self.segment
+    }
+
+    /// How many bytes.
+    #[cfg(test)]
+    pub fn len(&self) -> u64 {
+        u64::from(self.len)
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
+    move |source| LogError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The append-only value log of one store.
+pub struct ValueLog {
+    dir: PathBuf,
+    /// Segment files by id, for reading. Written only to add a segment or
+    /// to delete dead ones; readers that hold a [`Pin`] keep deletion out.
+    files: RwLock<HashMap<u32, Arc<File>>>,
+    /// Taken for reading by [`Pin`]s, for writing to delete segments.
+    pins: RwLock<()>,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// A head is sealed once it holds this many bytes.
+    segment_bytes: u64,
+    head: u32,
+    head_len: u64,
+    /// Live bytes per segment (segments with none are absent).
+    live: HashMap<u32, u64>,
+    /// Bytes written per segment.
+    written: HashMap<u32, u64>,
+    /// Segments written since the last sync.
+    unsynced: HashSet<u32>,
+    /// Sealed segments with no live bytes, to delete after the next durable flush.
+    dead: Vec<u32>,
+}
+
+/// Holds off segment deletion while a reader follows pointers it read from
+/// sled without the store's write lock.
+pub struct Pin<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+impl ValueLog {
+    /// Open the log in `dir` (created if missing), given the live-byte
+    /// counts recovered from sled. Segment files no count names are
+    /// deleted; a counted segment without its file is corruption.
+    pub fn open(dir: &Path, live: HashMap<u32, u64>) -> Result<ValueLog, LogError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut files = HashMap::default();
+        let mut written = HashMap::default();
+        let mut max_id = 0u32;
+        for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let path = entry.path();
+            let Some(id) = segment_id(&path) else { continue };
+            max_id = max_id.max(id);
+            if live.get(&id).is_some_and(|n| *n > 0) {
+                let f = File::open(&path).map_err(io_err(&path))?;
+                let len = f.metadata().map_err(io_err(&path))?.len();
+                written.insert(id, len);
+                files.insert(id, Arc::new(f));
+            } else {
+                std::fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+        }
+        if let Some(id) = live
+            .iter()
+            .find(|(id, n)| **n > 0 && !files.contains_key(*id))
+            .map(|(id, _)| *id)
+        {
+            tracing::error!(segment = id, "a value segment the store points into is missing");
+            return Err(CorruptJob("value segment missing").into());
+        }
+        max_id = max_id.max(live.keys().copied().max().unwrap_or(0));
+        let log = ValueLog {
+            dir: dir.to_path_buf(),
+            files: RwLock::new(files),
+            pins: RwLock::new(()),
+            state: Mutex::new(State {
+                segment_bytes: SEGMENT_BYTES,
+                head: max_id,
+                head_len: 0,
+                live,
+                written,
+                unsynced: HashSet::default(),
+                dead: Vec::new(),
+            }),
+        };
+        log.roll(&mut log.lock())?;
+        Ok(log)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id:010}.seg"))
+    }
+
+    /// Seal the head and start a new one.
+    fn roll(&self, st: &mut State) -> Result<(), LogError> {
+        let id = st.head + 1;
+        let path = self.path(id);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(f));
+        if st.live.get(&st.head).is_none_or(|n| *n == 0) && st.written.contains_key(&st.head) {
+            st.dead.push(st.head);
+        }
+        st.head = id;
+        st.head_len = 0;
+        st.written.insert(id, 0);
+        Ok(())
+    }
+
+    fn file(&self, id: u32) -> Result<Arc<File>, CorruptJob> {
+        self.files
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or(CorruptJob("value segment missing"))
+    }
+
+    /// Start a batch.
+    pub fn begin(&self) -> LogBatch<'_> {
+        LogBatch {
+            log: self,
+            bytes: Vec::new(),
+            puts: Vec::new(),
+            released: Vec::new(),
+        }
+    }
+
+    /// The bytes `ptr` names, checked against its CRC.
+    pub fn read(&self, ptr: &Ptr) -> Result<Vec<u8>, LogError> {
+        let f = self.file(ptr.segment)?;
+        let mut buf = vec![0u8; ptr.len as usize];
+        f.read_exact_at(&mut buf, ptr.offset)
+            .map_err(|source| LogError::Io {
+                path: self.path(ptr.segment),
+                source,
+            })?;
+        if crc32fast::hash(&buf) != ptr.crc {
+            return Err(CorruptJob("value log checksum").into());
+        }
+        Ok(buf)
+    }
+
+    /// Keep segments from being deleted while the guard lives.
+    pub fn pin(&self) -> Pin<'_> {
+        Pin(self.pins.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Fsync every segment written since the last sync. Returns the dead
+    /// segments to delete once sled's flush that follows has succeeded.
+    pub fn sync(&self) -> Result<Vec<u32>, LogError> {
+        let (ids, dead) = {
+            let mut st = self.lock();
+            let ids: Vec<u32> = st.unsynced.drain().collect();
+            (ids, std::mem::take(&mut st.dead))
+        };
+        for id in ids {
+            if let Ok(f) = self.file(id) {
+                f.sync_data().map_err(io_err(&self.path(id)))?;
+            }
+        }
+        Ok(dead)
+    }
+
+    /// Delete segments [`ValueLog::sync`] returned, after the sled flush
+    /// that made their last pointers' removal durable.
+    pub fn delete(&self, dead: Vec<u32>) -> Result<(), LogError> {
+        if dead.is_empty() {
+            return Ok(());
+        }
+        let _no_readers = self.pins.write().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
+        for id in dead {
+            // A later batch may have pointed into it again (compaction
+            // never does; a sealed segment gains no new bytes).
+            if st.live.get(&id).is_some_and(|n| *n > 0) || id == st.head {
+                continue;
+            }
+            self.files.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            st.written.remove(&id);
+            let path = self.path(id);
+            std::fs::remove_file(&path).map_err(io_err(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Sealed segments less than half live, least live first, until their
+    /// live bytes add up to `max_bytes` (at least one, when any).
+    pub fn compaction_candidates(&self, max_bytes: u64) -> Vec<u32> {
+        let st = self.lock();
+        let mut c: Vec<(u64, u32)> = st
+            .written
+            .iter()
+            .filter(|(id, _)| **id != st.head)
+            .filter_map(|(id, w)| {
+                let live = st.live.get(id).copied().unwrap_or(0);
+                (live > 0 && live * 2 < *w).then_some((live, *id))
+            })
+            .collect();
+        c.sort_unstable();
+        let mut total = 0;
+        let mut out = Vec::new();
+        for (live, id) in c {
+            if !out.is_empty() && total + live > max_bytes {
+                break;
+            }
+            total += live;
+            out.push(id);
+        }
+        out
+    }
+
+    /// Seal heads at `n` bytes (tests: many segments from few jobs).
+    #[cfg(test)]
+    pub fn set_segment_bytes(&self, n: u64) {
+        self.lock().segment_bytes = n;
+    }
+
+    /// Live bytes per segment, as counted.
+    #[cfg(test)]
+    pub fn live(&self) -> HashMap<u32, u64> {
+        self.lock().live.clone()
+    }
+
+    /// The directory of the segment files.
+    #[cfg(test)]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Ids of the segment files.
+    #[cfg(test)]
+    pub fn segments(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.lock().written.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Bytes on disk and live bytes, over all segments.
+    pub fn usage(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.written.values().sum(), st.live.values().sum())
+    }
+}
+
+fn segment_id(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_suffix(".seg")?.parse().ok()
+}
+
+/// The key of a segment's live-byte count in sled.
+pub fn live_key(segment: u32) -> [u8; 5] {
+    let mut k = [LIVE_KIND; 5];
+    k[1..].copy_from_slice(&segment.to_be_bytes());
+    k
+}
+
+/// Read a live-byte count entry.
+pub fn decode_live(k: &[u8], v: &[u8]) -> Result<(u32, u64), CorruptJob> {
+    let id = k.get(1..5).ok_or(CorruptJob("live count key"))?;
+    let n: [u8; 8] = v.try_into().map_err(|_| CorruptJob("live count"))?;
+    Ok((
+        u32::from_be_bytes(id.try_into().expect("4 bytes")),
+        u64::from_be_bytes(n),
+    ))
+}
+
+/// Chunks added and dropped by one store batch, built without any lock
+/// and applied, with the sled batch, in one short critical section.
+pub struct LogBatch<'a> {
+    log: &'a ValueLog,
+    bytes: Vec<u8>,
+    /// Staged entries: key, where the bytes sit in `bytes`, their CRC.
+    puts: Vec<(Vec<u8>, usize, usize, u32)>,
+    released: Vec<Ptr>,
+}
+
+impl LogBatch<'_> {
+    /// Stage the bytes `write` appends to the buffer it is given, to be
+    /// pointed at from `key`. Returns the bytes.
+    pub fn put_with(&mut self, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> &[u8] {
+        let at = self.bytes.len();
+        write(&mut self.bytes);
+        let value = &self.bytes[at..];
+        self.puts
+            .push((key.to_vec(), at, value.len(), crc32fast::hash(value)));
+        value
+    }
+
+    /// The entry pointing at `ptr` is being removed or replaced.
+    pub fn release(&mut self, ptr: &Ptr) {
+        self.released.push(*ptr);
+    }
+
+    /// Write the staged bytes to the head segment, then insert each staged
+    /// key with its pointer followed by `inline(bytes)`, and the changed
+    /// live counts, into `batch`, and apply it to `tree`.
+    pub fn apply(
+        self,
+        tree: &sled::Tree,
+        mut batch: sled::Batch,
+        inline: impl Fn(&[u8]) -> &[u8],
+    ) -> Result<(), LogError> {
+        let log = self.log;
+        let mut st = log.lock();
+        if st.head_len >= st.segment_bytes {
+            log.roll(&mut st)?;
+        }
+        let (segment, start) = (st.head, st.head_len);
+        let mut delta: HashMap<u32, i64> = HashMap::default();
+        for ptr in &self.released {
+            *delta.entry(ptr.segment).or_default() -= ptr.len as i64;
+        }
+        if !self.bytes.is_empty() {
+            let n = self.bytes.len() as u64;
+            // The bytes are spent whether or not the write succeeds.
+            st.head_len = start + n;
+            st.written.insert(segment, start + n);
+            st.unsynced.insert(segment);
+            *delta.entry(segment).or_default() += n as i64;
+            log.file(segment)?
+                .write_all_at(&self.bytes, start)
+                .map_err(|e| io_err(&log.path(segment))(e))?;
+        }
+        for (key, at, len, crc) in &self.puts {
+            let ptr = Ptr {
+                segment,
+                offset: start + *at as u64,
+                len: *len as u32,
+                crc: *crc,
+            };
+            let body = &self.bytes[*at..*at + *len];
+            let extra = inline(body);
+            let mut v = Vec::with_capacity(PTR_LEN + extra.len());
+            v.extend_from_slice(&ptr.encode());
+            v.extend_from_slice(extra);
+            batch.insert(&key[..], v);
+        }
+        let counts: Vec<(u32, u64)> = delta
+            .iter()
+            .map(|(id, d)| {
+                (
+                    *id,
+                    (st.live.get(id).copied().unwrap_or(0) as i64 + d).max(0) as u64,
+                )
+            })
+            .collect();
+        for (id, n) in &counts {
+            if *n == 0 {
+                batch.remove(&live_key(*id)[..]);
+            } else {
+                batch.insert(&live_key(*id)[..], &n.to_be_bytes()[..]);
+            }
+        }
+        tree.apply_batch(batch)?;
+        for (id, n) in counts {
+            if n == 0 {
+                st.live.remove(&id);
+                if id != st.head {
+                    st.dead.push(id);
+                }
+            } else {
+                st.live.insert(id, n);
+            }
+        }
+        Ok(())
+    }
+}
