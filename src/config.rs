@@ -98,7 +98,9 @@ pub struct SchedulerConfig {
     /// Directory of the sled store of pending jobs (one per instance).
     pub data_dir: PathBuf,
     /// Bytes of sled page cache; with `window_capacity`, what bounds the
-    /// scheduler's memory whatever the number of pending jobs.
+    /// scheduler's memory whatever the number of pending jobs. sled counts
+    /// its pages at their size on disk; in memory they take about four
+    /// times that (measured: BENCHMARKS.md, scheduler memory).
     pub cache_capacity: u64,
     /// How far ahead of now jobs are held in memory. Jobs due within three
     /// windows sit in sorted runs in the store; later ones in chunks per
@@ -125,7 +127,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             group_id: "kairos-scheduler".into(),
             data_dir: PathBuf::from("data/scheduler"),
-            cache_capacity: 64 * 1024 * 1024,
+            cache_capacity: 16 * 1024 * 1024,
             window: Duration::from_secs(60),
             window_capacity: 100_000,
             fire_batch: 1000,

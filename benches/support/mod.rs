@@ -21,8 +21,8 @@ use rand::{Rng, RngCore, SeedableRng};
 pub const PARTITIONS: i32 = 6;
 /// Payload size of every generated job.
 pub const PAYLOAD_BYTES: usize = 100;
-/// sled page cache, as `cache_capacity` in config/scheduler.toml.
-pub const CACHE_BYTES: u64 = 64 << 20;
+/// sled page cache, as `cache_capacity` in config/scheduler.toml (16 MiB).
+pub const CACHE_BYTES: u64 = 16 << 20;
 /// Jobs per ingest batch (one fsync each), as `ingest_batch`.
 pub const INGEST_BATCH: usize = 2000;
 /// Jobs per fire batch, as `fire_batch`.

@@ -551,9 +551,11 @@ impl<'a> NearRuns<'a> {
         let run = self.run_of(k)?;
         let p = self.partition;
         let (jobs, dirty, _) = self.runs.get_mut(&run).expect("loaded");
-        let before = jobs.len();
-        jobs.retain(|j| !(j.key(p) == *k && j.id == *id));
-        *dirty |= jobs.len() != before;
+        // Jobs fire in order, so the one to remove is usually the first.
+        if let Some(i) = jobs.iter().position(|j| j.key(p) == *k && j.id == *id) {
+            jobs.remove(i);
+            *dirty = true;
+        }
         Ok(())
     }
 
@@ -1058,12 +1060,13 @@ impl Store {
                 view: View::new(self, *partition)?,
                 new_far: BTreeMap::new(),
                 far_removals: HashMap::default(),
-                applied: Vec::new(),
+                // One list for all partitions, passed along (not copied).
+                applied: std::mem::take(&mut applied),
             };
             for change in *changes {
                 w.change(change)?;
             }
-            applied.extend(w.commit(*changelog_next, &mut lb, &mut batch)?);
+            applied = w.commit(*changelog_next, &mut lb, &mut batch)?;
         }
         lb.apply(&self.tree, batch, inline_header)?;
         Ok(applied)
