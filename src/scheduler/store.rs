@@ -12,6 +12,11 @@
 //! | `B` partition bucket-start chunk-no | *far*: a chunk of up to 256 jobs due in one time bucket, written by one ingest batch or one cascade |
 //! | `J` partition first-id | *id hints*: up to 1024 sorted (job id, run-at, seq) records, for cancel, reschedule and replace by id |
 //! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number |
+//! | `L` segment | live bytes of one value-log segment (see `value_log`) |
+//!
+//! The bytes of `N`, `B` and `J` entries (runs, chunks, hint chunks) are
+//! not in sled: they are appended to the value log, and the sled value is
+//! a pointer to them followed by the chunk's 20-byte header.
 //!
 //! **Buckets.** Level `l` buckets are `1024 * 8^l` ms wide. A far job goes to
 //! the widest bucket that starts at or after the partition's cascade point,
@@ -35,8 +40,9 @@
 //! producers (UUIDv7) and derived ids sort by time, so a batch touches one or
 //! two hint chunks; random ids still work, at the cost of more chunk writes.
 //!
-//! Every change of a batch (jobs, hints, checkpoint) lands atomically in one
-//! sled batch.
+//! Every change of a batch (jobs, hints, checkpoint, live counts) lands
+//! atomically in one sled batch, after the bytes it points at were written
+//! to the value log.
 
 use std::collections::BTreeMap;
 
@@ -433,6 +439,11 @@ fn read_chunk(log: &ValueLog, entry: &[u8]) -> Result<sled::IVec, StoreError> {
     Ok(log.read(&Ptr::decode(entry)?)?.into())
 }
 
+/// The jobs of the far chunk or near run an entry points at, not decoded.
+fn load_jobs(log: &ValueLog, entry: &[u8]) -> Result<Vec<Raw>, StoreError> {
+    Ok(chunk_jobs(&read_chunk(log, entry)?)?)
+}
+
 /// Remove `key`, whose current entry is `entry`.
 fn remove_chunk(
     lb: &mut LogBatch,
@@ -531,7 +542,7 @@ impl<'a> NearRuns<'a> {
                 None => None,
             };
             let jobs = match &entry {
-                Some(e) => chunk_jobs(&read_chunk(self.log, e)?)?,
+                Some(e) => load_jobs(self.log, e)?,
                 None => Vec::new(),
             };
             self.runs.insert(run, (jobs, false, entry));
@@ -813,7 +824,7 @@ impl<'a> View<'a> {
                 if h.seq < lo || h.seq > hi {
                     continue;
                 }
-                let jobs = chunk_jobs(&read_chunk(&self.store.log, &v)?)?;
+                let jobs = load_jobs(&self.store.log, &v)?;
                 if jobs.iter().any(|j| j.seq == h.seq && j.id == *id) {
                     return Ok(Some(Loc::Far {
                         chunk: chunk_key(&k)?,
@@ -831,7 +842,7 @@ impl<'a> View<'a> {
         Ok(match loc {
             Loc::Near(k) => self.near.find(k, id)?.map(Raw::decode).transpose()?,
             Loc::Far { chunk, seq, .. } => match self.store.tree.get(chunk)? {
-                Some(v) => chunk_jobs(&read_chunk(&self.store.log, &v)?)?
+                Some(v) => load_jobs(&self.store.log, &v)?
                     .into_iter()
                     .find(|j| j.seq == *seq && j.id == *id)
                     .map(|j| j.decode())
@@ -952,7 +963,7 @@ impl<'a> Writer<'a> {
         let tree = &store.tree;
         for (chunk, seqs) in std::mem::take(&mut self.far_removals) {
             let Some(v) = tree.get(chunk)? else { continue };
-            let left: Vec<Raw> = chunk_jobs(&read_chunk(&store.log, &v)?)?
+            let left: Vec<Raw> = load_jobs(&store.log, &v)?
                 .into_iter()
                 .filter(|j| !seqs.contains(&j.seq))
                 .collect();
@@ -1116,7 +1127,7 @@ impl Store {
         let mut near = NearRuns::new(self, partition);
         for (k, v) in &taken {
             remove_chunk(&mut lb, &mut batch, k, v)?;
-            for j in chunk_jobs(&read_chunk(&self.log, v)?)? {
+            for j in load_jobs(&self.log, v)? {
                 if j.run_at_ms < new_t {
                     near.add(j)?;
                 } else {
@@ -1185,7 +1196,7 @@ impl Store {
         let _pin = self.log.pin();
         for item in self.tree.range(from..=end) {
             let (_, v) = item?;
-            for j in chunk_jobs(&read_chunk(&self.log, &v)?)? {
+            for j in load_jobs(&self.log, &v)? {
                 let key = j.key(partition);
                 if key.run_at_ms > until_ms || out.len() >= limit {
                     return Ok(out);

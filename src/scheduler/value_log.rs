@@ -142,7 +142,9 @@ struct State {
 
 /// Holds off segment deletion while a reader follows pointers it read from
 /// sled without the store's write lock.
-pub struct Pin<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+pub struct Pin<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+}
 
 impl ValueLog {
     /// Open the log in `dir` (created if missing), given the live-byte
@@ -261,7 +263,9 @@ impl ValueLog {
 
     /// Keep segments from being deleted while the guard lives.
     pub fn pin(&self) -> Pin<'_> {
-        Pin(self.pins.read().unwrap_or_else(|e| e.into_inner()))
+        Pin {
+            _guard: self.pins.read().unwrap_or_else(|e| e.into_inner()),
+        }
     }
 
     /// Fsync every segment written since the last sync. Returns the dead
@@ -289,8 +293,9 @@ impl ValueLog {
         let _no_readers = self.pins.write().unwrap_or_else(|e| e.into_inner());
         let mut st = self.lock();
         for id in dead {
-            // A later batch may have pointed into it again (compaction
-            // never does; a sealed segment gains no new bytes).
+            // Never true for a segment on the dead list (a sealed segment
+            // gains no new bytes); checked because deleting a live one
+            // would lose jobs.
             if st.live.get(&id).is_some_and(|n| *n > 0) || id == st.head {
                 continue;
             }
@@ -395,14 +400,13 @@ pub struct LogBatch<'a> {
 
 impl LogBatch<'_> {
     /// Stage the bytes `write` appends to the buffer it is given, to be
-    /// pointed at from `key`. Returns the bytes.
-    pub fn put_with(&mut self, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> &[u8] {
+    /// pointed at from `key`.
+    pub fn put_with(&mut self, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) {
         let at = self.bytes.len();
         write(&mut self.bytes);
         let value = &self.bytes[at..];
         self.puts
             .push((key.to_vec(), at, value.len(), crc32fast::hash(value)));
-        value
     }
 
     /// The entry pointing at `ptr` is being removed or replaced.
