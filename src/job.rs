@@ -11,6 +11,23 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use uuid::Uuid;
 
+const FNV_OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+const FNV_PRIME: u128 = 0x0000000001000000000000000000013B;
+
+/// FNV-1a (128 bits) of `bytes`, from state `h`.
+fn fnv1a<'a>(mut h: u128, bytes: impl Iterator<Item = &'a u8>) -> u128 {
+    for b in bytes {
+        h ^= u128::from(*b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+thread_local! {
+    /// The last topic [`JobId::derived`] hashed on this thread, and the FNV state after it.
+    static TOPIC_HASH: std::cell::RefCell<Option<(String, u128)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// A job's identity: a UUID, time-ordered (version 7) when Kairos makes it.
 ///
 /// The id stays the same across retries, re-deliveries and the hop through
@@ -34,19 +51,25 @@ impl JobId {
     /// the random bits.
     pub fn derived(topic: &str, partition: i32, offset: i64, timestamp_ms: i64) -> Self {
         // FNV-1a, 128 bits wide enough for our purpose, stable across Rust versions
-        // (unlike std's DefaultHasher, which may change between releases).
-        let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
-        let prime: u128 = 0x0000000001000000000000000000013B;
-        for b in topic
-            .as_bytes()
-            .iter()
-            .chain(&[0u8])
-            .chain(&partition.to_be_bytes())
-            .chain(&offset.to_be_bytes())
-        {
-            h ^= u128::from(*b);
-            h = h.wrapping_mul(prime);
-        }
+        // (unlike std's DefaultHasher, which may change between releases). The
+        // state after the topic is the same for every record of a topic: it is
+        // kept for the last topic seen on this thread (a consumer reads a few
+        // topics, record after record).
+        let after_topic = TOPIC_HASH.with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((t, h)) if t == topic => *h,
+                _ => {
+                    let h = fnv1a(FNV_OFFSET, topic.as_bytes().iter().chain(&[0u8]));
+                    *last = Some((topic.to_string(), h));
+                    h
+                }
+            }
+        });
+        let h = fnv1a(
+            after_topic,
+            partition.to_be_bytes().iter().chain(&offset.to_be_bytes()),
+        );
         let ms = (timestamp_ms.max(0) as u128) & 0xFFFF_FFFF_FFFF;
         let mut bits = (ms << 80) | (h & ((1u128 << 80) - 1));
         // version 7 and the RFC 4122 variant
@@ -238,6 +261,19 @@ mod tests {
         assert_ne!(a, c);
         assert_ne!(a, d);
         assert_eq!(a.uuid().get_version_num(), 7);
+    }
+
+    #[test]
+    fn derived_ids_never_change_whichever_topic_came_before() {
+        // Pinned values (computed independently): a derived id must be the
+        // same in every release, or a re-read record would become a new job.
+        let jobs = "018bcfe5-6800-7337-8c97-6c9649c9b805";
+        let other = "00000000-0005-7a63-8777-3a7de4fe8cf3";
+        for _ in 0..2 {
+            assert_eq!(JobId::derived("jobs", 0, 10, 1_700_000_000_000).to_string(), jobs);
+            assert_eq!(JobId::derived("other", 3, 7, 5).to_string(), other);
+        }
+        assert_eq!(JobId::derived("jobs", 0, 10, 1_700_000_000_000).to_string(), jobs);
     }
 
     #[test]

@@ -10,6 +10,11 @@ use clap::{Parser, Subcommand};
 use kairos::config::{self, Config};
 use kairos::{Job, JobId, Producer};
 
+/// mimalloc, for the Rust side; with its `override` feature it also serves
+/// librdkafka's mallocs. See BENCHMARKS.md ("allocator").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "kairos",

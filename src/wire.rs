@@ -242,6 +242,7 @@ impl<'a> RecordView<'a> {
         let mut headers = Vec::new();
         let mut unreadable_header = None;
         if let Some(hs) = m.headers() {
+            headers.reserve_exact(hs.count());
             for i in 0..hs.count() {
                 match catch_unwind(AssertUnwindSafe(|| hs.try_get(i))) {
                     Ok(Some(h)) => headers.push((h.key, h.value)),
@@ -401,9 +402,22 @@ pub fn kafka_headers(job: &Job) -> rdkafka::message::OwnedHeaders {
     out
 }
 
+/// `n` in decimal, written into `buf` (no allocation: this runs for every fired job).
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
 /// Call `put` with each header of `job`, in the order the contract writes them.
 fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
-    put(header::VERSION, Some(VERSION.to_string().as_bytes()));
+    put(header::VERSION, Some(VERSION.as_bytes()));
     let mut id = uuid::Uuid::encode_buffer();
     put(
         header::ID,
@@ -411,9 +425,10 @@ fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
     );
     put(header::RUN_AT, Some(format_time(job.run_at).as_bytes()));
     put(header::TOPIC, Some(job.topic.as_bytes()));
-    put(header::ATTEMPT, Some(job.attempt.to_string().as_bytes()));
+    let mut digits = [0u8; 10];
+    put(header::ATTEMPT, Some(decimal(job.attempt, &mut digits)));
     if let Some(n) = job.max_attempts {
-        put(header::MAX_ATTEMPTS, Some(n.to_string().as_bytes()));
+        put(header::MAX_ATTEMPTS, Some(decimal(n, &mut digits)));
     }
     if let Some(t) = &job.tenant {
         put(header::TENANT, Some(t.as_bytes()));

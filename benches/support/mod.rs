@@ -1,7 +1,12 @@
 //! Shared by the scheduler benches: a deterministic job generator, the
 //! process's memory from `/proc/self/status`, and a throwaway `redis-server`
-//! spoken to in raw RESP (no client crate needed).
+//! spoken to in raw RESP (no client crate needed). Every bench that includes
+//! it runs on the `kairos` binary's allocator (mimalloc, also serving
+//! librdkafka's mallocs), so that what runs in-process runs as it does there.
 #![allow(dead_code)] // each bench uses its own subset
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};

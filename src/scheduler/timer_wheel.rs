@@ -126,9 +126,12 @@ impl TimerWheel {
         if self.direct.is_empty() {
             return HashSet::default();
         }
-        due.iter()
-            .filter_map(|(k, _)| self.direct.remove(k).then_some(*k))
-            .collect()
+        let mut taken = HashSet::with_capacity_and_hasher(due.len(), Default::default());
+        taken.extend(
+            due.iter()
+                .filter_map(|(k, _)| self.direct.remove(k).then_some(*k)),
+        );
+        taken
     }
 
     /// Direct jobs in memory.
@@ -272,7 +275,7 @@ impl TimerWheel {
     /// beyond it (when room was made by dropping stored jobs before it) waits
     /// until a refill has brought those back, so firing order holds.
     pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
-        let mut keys = Vec::new();
+        let mut keys = Vec::with_capacity(max.min(self.entries.len()));
         let mut skipped = false;
         let mut end = None;
         for k in self.entries.keys() {

@@ -497,3 +497,11 @@ fn errors_read_well() {
         "header `kairos-run-at` `soon` is neither an RFC 3339 time nor integer epoch milliseconds"
     );
 }
+
+#[test]
+fn decimal_writes_every_u32_as_to_string_does() {
+    let mut buf = [0u8; 10];
+    for n in [0, 1, 9, 10, 99, 100, 12_345, 1_000_000_000, u32::MAX] {
+        assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
+    }
+}
