@@ -833,21 +833,21 @@ fn main() {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         if pipelined {
             let relay_line = format!(
-            "reference: bare relay/raw = {:.2}, kairos/relay = {:.2} (relay {:.0} records/s, means): the hop through a second topic alone",
-            mean(&relays) / mean(&raws),
-            mean(&kai) / mean(&relays),
-            mean(&relays)
-        );
+                "reference: bare relay/raw = {:.2}, kairos/relay = {:.2} (relay {:.0} records/s, means): the hop through a second topic alone",
+                mean(&relays) / mean(&raws),
+                mean(&kai) / mean(&relays),
+                mean(&relays)
+            );
             println!("  {relay_line}");
             summary.push(relay_line);
             let ratio = mean(&ratios);
             let line = format!(
-            "throughput ratio kairos/raw = {ratio:.2} (per round {}; kairos {:.0} fired/s vs raw {:.0} records/s, means) — target ≥ {TARGET_THROUGHPUT_RATIO}: {}",
-            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
-            mean(&kai),
-            mean(&raws),
-            pass(ratio >= TARGET_THROUGHPUT_RATIO)
-        );
+                "throughput ratio kairos/raw = {ratio:.2} (per round {}; kairos {:.0} fired/s vs raw {:.0} records/s, means) — target ≥ {TARGET_THROUGHPUT_RATIO}: {}",
+                ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+                mean(&kai),
+                mean(&raws),
+                pass(ratio >= TARGET_THROUGHPUT_RATIO)
+            );
             println!("  {line}");
             summary.push(line);
         }

@@ -1050,29 +1050,25 @@ type FireWrites = Vec<
 /// that do not exist are not written (librdkafka would only time out on
 /// them): their write fails at once and [`finish_fire`] dead-letters them.
 async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
+    // Whether each work topic is missing, asked once per batch. Jobs in a row
+    // mostly share a topic: the answer for the last one is kept at hand.
     let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::default();
-    let mut previous: Option<&str> = None;
-    for (_, s) in due {
-        if previous == Some(s.job.topic.as_str()) {
-            continue;
-        }
-        previous = Some(&s.job.topic);
-        if !missing.contains_key(s.job.topic.as_str()) {
-            let exists = shared.topic_check.exists(&s.job.topic).await;
-            missing.insert(&s.job.topic, exists.map(|e| !e));
-        }
-    }
+    let mut last: Option<(&str, Result<bool, KafkaError>)> = None;
     let mut writes: FireWrites = Vec::with_capacity(due.len());
-    // Jobs in a row mostly share a topic: look it up once per run of them.
-    let mut last: Option<(&str, &Result<bool, KafkaError>)> = None;
     for (_, s) in due {
         let topic = s.job.topic.as_str();
-        let state = match last {
-            Some((t, m)) if t == topic => m,
+        let state = match &last {
+            Some((t, m)) if *t == topic => m,
             _ => {
-                let m = &missing[topic];
-                last = Some((topic, m));
-                m
+                let m = match missing.get(topic) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = shared.topic_check.exists(topic).await.map(|e| !e);
+                        missing.insert(topic, m.clone());
+                        m
+                    }
+                };
+                &last.insert((topic, m)).1
             }
         };
         match state {
