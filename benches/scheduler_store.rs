@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
-use kairos::scheduler::store::{Change, DueKey, Store};
+use kairos::scheduler::store::{Change, DueKey, PartitionWrite, Store};
 use kairos::scheduler::stored::StoredJob;
 use kairos::scheduler::timer_wheel::TimerWheel;
 use support::*;
@@ -65,8 +65,7 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
     let started = Instant::now();
     for chunk in jobs.chunks(INGEST_BATCH) {
         let by_part = puts_by_partition(chunk.iter().cloned());
-        let writes: Vec<(i32, &[Change], Option<i64>)> =
-            by_part.iter().map(|(p, c)| (*p, &c[..], None)).collect();
+        let writes: Vec<PartitionWrite> = by_part.iter().map(|(p, c)| PartitionWrite::new(*p, c)).collect();
         store.apply_all(&writes).expect("apply puts");
         store.flush().expect("flush");
     }
@@ -84,6 +83,8 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
     for p in 0..PARTITIONS {
         wheel.lock().unwrap().add_partition(p);
     }
+    // Every partition read to its end: nothing held back.
+    let read_to_end: kairos::hash::HashMap<i32, i64> = (0..PARTITIONS).map(|p| (p, i64::MAX)).collect();
     let (to_finisher, batches) = mpsc::channel::<Vec<(DueKey, StoredJob)>>();
     let fired = std::thread::scope(|s| {
         let (store, wheel) = (&store, &wheel);
@@ -101,11 +102,13 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
                         .or_default()
                         .push(Change::Fired(s.job.id, *k));
                 }
-                let writes: Vec<(i32, &[Change], Option<i64>)> =
-                    by_part.iter().map(|(p, c)| (*p, &c[..], None)).collect();
+                let writes: Vec<PartitionWrite> =
+                    by_part.iter().map(|(p, c)| PartitionWrite::new(*p, c)).collect();
                 let applied = store.apply_all(&writes).expect("apply fired");
                 store.flush().expect("flush");
-                wheel.lock().unwrap().follow(&applied);
+                let mut w = wheel.lock().unwrap();
+                w.follow(&applied);
+                w.fired(&due);
                 fired += due.len() as u64;
             }
             fired
@@ -128,7 +131,7 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
             if w.refill_due_ms().is_some_and(|t| t <= fire_at_ms) {
                 w.refill(store, fire_at_ms).expect("refill");
             }
-            let due = w.take_due(fire_at_ms, FIRE_BATCH);
+            let due = w.take_due(fire_at_ms, FIRE_BATCH, &read_to_end).jobs;
             drop(w);
             if due.is_empty() {
                 break;

@@ -120,6 +120,13 @@ pub struct SchedulerConfig {
     /// Longest a partition's rebuild from the changelog may take.
     #[serde(with = "humantime_serde")]
     pub rebuild_timeout: Duration,
+    /// How far producers' clocks may run ahead of the scheduler's. A job
+    /// fires only once its schedule partition has been read up to its
+    /// run-at, so that a cancel or reschedule written before then wins; a
+    /// record created at T (its Kafka timestamp) tells the scheduler that
+    /// every record written before T, less this margin, has been read.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -134,6 +141,7 @@ impl Default for SchedulerConfig {
             ingest_batch: 2000,
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
+            max_clock_skew: Duration::from_millis(100),
         }
     }
 }

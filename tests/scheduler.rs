@@ -281,9 +281,14 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
     });
     assert_eq!(running.handle.status().pending, 0, "the replaced job is gone");
     // The changelog saw only the stored job: its put, the replacement's put
-    // and the replacement's tombstone. The 200 direct jobs wrote nothing.
-    let changelog = record_count(&cfg.kafka.brokers, &cfg.topics.changelog);
-    assert!((1..=3).contains(&changelog), "{changelog} changelog records");
+    // and the replacement's tombstone. The 200 direct jobs wrote nothing
+    // (beside how far each partition is handled, a record or two per batch).
+    let n = record_count(&cfg.kafka.brokers, &cfg.topics.changelog) as usize;
+    let jobs = read_up_to(&cfg.kafka.brokers, &cfg.topics.changelog, n, T)
+        .iter()
+        .filter(|m| m.key().is_some_and(|k| k.len() == 16))
+        .count();
+    assert!((1..=3).contains(&jobs), "{jobs} changelog records of jobs");
     running.stop().await;
 }
 
@@ -456,4 +461,259 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
     let st = fresh.handle.status();
     assert_eq!((st.pending, st.replayed), (200, 200), "{st:?}");
     fresh.stop().await;
+}
+
+/// How the first scheduler goes away in [`changes_written_while_the_scheduler_is_down_win`].
+#[derive(Clone, Copy, Debug)]
+enum Down {
+    /// SIGTERM, as in a deploy; it comes back on the same store.
+    Term,
+    /// SIGKILL; it comes back on the same store.
+    Kill,
+    /// SIGKILL; another instance, with an empty store, takes its partitions.
+    Moved,
+}
+
+/// The rule: a cancel or reschedule acknowledged before the job's run-at
+/// wins, also when the scheduler was down at the run-at and comes back
+/// (or another instance takes over) with the changes still unread in the
+/// schedule topic.
+async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::system::config(&broker, &dir.path().join("a"));
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let first = spawn_scheduler(&cfg);
+    let run_at = Utc::now() + chrono::Duration::seconds(6);
+    let jobs: Vec<Job> = (0..30)
+        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(run_at))
+        .collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    enqueue_all(&producer, jobs).await;
+    let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
+    wait_for("the jobs to be stored and committed", T, || {
+        (common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule) == written)
+            .then_some(())
+    });
+    match down {
+        Down::Term => {
+            let pid = first.0.id().to_string();
+            let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            assert!(status.success());
+            let mut first = first;
+            let exit = first.0.wait().unwrap();
+            assert!(exit.success(), "clean stop: {exit:?}");
+        }
+        Down::Kill | Down::Moved => drop(first),
+    }
+    let (cancelled, moved, controls) = (&ids[..10], &ids[10..20], &ids[20..]);
+    let new_at = kairos::job::truncate_to_millis(run_at + chrono::Duration::seconds(3));
+    // Other producers went on meanwhile: the changes sit behind a backlog.
+    let backlog: Vec<Job> = (0..3000)
+        .map(|i| {
+            Job::new(&work, format!("key-{}", i % 30), b"later".to_vec())
+                .at(Utc::now() + chrono::Duration::days(1))
+        })
+        .collect();
+    enqueue_all(&producer, backlog).await;
+    for id in cancelled {
+        producer.cancel(*id).await.unwrap();
+    }
+    for id in moved {
+        producer.reschedule(*id, new_at).await.unwrap();
+    }
+    assert!(
+        Utc::now() < run_at,
+        "the changes were acknowledged before the run-at"
+    );
+    // Back after the run-at, reading the backlog in small batches (so the
+    // changes are read well after the due jobs could have fired).
+    let back = (run_at - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(500);
+    tokio::time::sleep(back).await;
+    let mut again = cfg.clone();
+    again.scheduler.ingest_batch = 50;
+    if let Down::Moved = down {
+        again.scheduler.data_dir = dir.path().join("b");
+    }
+    let _second = spawn_scheduler(&again);
+    // The controls and the rescheduled jobs fire; nothing else does.
+    let want: HashSet<JobId> = moved.iter().chain(controls).copied().collect();
+    let fired = wait_for(
+        "the controls and rescheduled jobs to fire",
+        Duration::from_secs(60),
+        || {
+            let n = record_count(&cfg.kafka.brokers, &work) as usize;
+            let recs = read_up_to(&cfg.kafka.brokers, &work, n, T);
+            let got: HashSet<JobId> = recs.iter().map(|m| job_of(m).id).collect();
+            want.is_subset(&got).then_some(recs)
+        },
+    );
+    let mut seen: HashMap<JobId, usize> = HashMap::new();
+    for m in &fired {
+        let job = job_of(m);
+        *seen.entry(job.id).or_default() += 1;
+        assert!(
+            !cancelled.contains(&job.id),
+            "{down:?}: cancelled job {} fired",
+            job.id
+        );
+        if moved.contains(&job.id) {
+            assert_eq!(job.run_at, new_at, "{down:?}: fired with its old run-at");
+            assert!(
+                m.timestamp().to_millis().unwrap() >= new_at.timestamp_millis(),
+                "{down:?}: rescheduled job fired before its new time"
+            );
+        }
+    }
+    assert!(seen.values().all(|n| *n == 1), "{down:?}: fired twice: {seen:?}");
+    assert_eq!(fired.len(), 20, "{down:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_written_while_the_scheduler_was_stopped_win() {
+    changes_written_while_the_scheduler_is_down_win(Down::Term).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_written_while_the_scheduler_was_killed_win() {
+    changes_written_while_the_scheduler_is_down_win(Down::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_written_while_the_partitions_moved_win() {
+    changes_written_while_the_scheduler_is_down_win(Down::Moved).await;
+}
+
+/// A cancel written before the job's run-at, behind a backlog that ingest is
+/// still working through when the run-at comes: the job waits for the
+/// cancel and never fires. The scheduler's clock is driven by hand, so the
+/// run-at comes while the backlog is surely unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_behind_a_backlog_still_wins() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::system::config(&broker, dir.path());
+    // Small batches: each costs a changelog write and an fsync, so ingest lags.
+    cfg.scheduler.ingest_batch = 10;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let clock = kairos::ManualClock::new(Utc::now());
+    let s = Scheduler::new(&cfg, std::sync::Arc::new(clock.clone())).expect("scheduler");
+    let handle = s.handle();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(s.run(async {
+        let _ = rx.await;
+    }));
+    let running = Running {
+        stop: Some(tx),
+        task,
+        handle,
+    };
+    wait_owned(&running, 3);
+    let producer = Producer::new(&cfg).unwrap();
+    let run_at = Utc::now() + chrono::Duration::hours(1);
+    let doomed = producer
+        .enqueue(Job::new(&work, "k", b"doomed".to_vec()))
+        .at(run_at)
+        .await
+        .unwrap();
+    wait_for("the job to be pending", T, || {
+        (running.handle.status().pending == 1).then_some(())
+    });
+    // The backlog, on the job's partition (same key), then the cancel.
+    let backlog: Vec<Job> = (0..3000)
+        .map(|i| Job::new(&work, "k", format!("{i}").into_bytes()).at(Utc::now() + chrono::Duration::days(1)))
+        .collect();
+    enqueue_all(&producer, backlog).await;
+    producer.cancel(doomed).await.unwrap();
+    let total = record_count(&cfg.kafka.brokers, &cfg.topics.schedule) as u64;
+    // The run-at comes while ingest is behind.
+    clock.set(run_at + chrono::Duration::hours(1));
+    running.handle.wake();
+    let ingested = running.handle.status().ingested;
+    assert!(
+        ingested < total,
+        "ingest was behind at the run-at ({ingested} of {total})"
+    );
+    wait_for("ingest to read everything", Duration::from_secs(120), || {
+        (running.handle.status().ingested == total).then_some(())
+    });
+    let st = running.handle.status();
+    assert_eq!(st.cancelled, 1, "{st:?}");
+    running.stop().await;
+    assert_eq!(
+        record_count(&cfg.kafka.brokers, &work),
+        0,
+        "the cancelled job fired"
+    );
+}
+
+/// A scheduler killed after its jobs fired but before their schedule
+/// offsets were committed: its successor (the same store, or another
+/// instance rebuilding from the changelog) reads those records again and
+/// skips them, instead of firing their jobs a second time.
+async fn records_read_again_after_a_kill_do_not_fire_again(fresh_store: bool) {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::system::config(&broker, &dir.path().join("a"));
+    // No commit before the kill.
+    cfg.kafka
+        .consumer
+        .insert("auto.commit.interval.ms".into(), "600000".into());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let first = spawn_scheduler(&cfg);
+    let run_at = Utc::now() + chrono::Duration::seconds(3);
+    let jobs: Vec<Job> = (0..200)
+        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(run_at))
+        .collect();
+    let expected = enqueue_all(&producer, jobs).await;
+    read_n(&cfg.kafka.brokers, &work, expected.len(), T);
+    // Their deletions are in the changelog (the scheduler dying before that
+    // is the documented duplicate window, not this one).
+    wait_for("the fired jobs' tombstones", T, || {
+        let n = record_count(&cfg.kafka.brokers, &cfg.topics.changelog) as usize;
+        let tombs = read_up_to(&cfg.kafka.brokers, &cfg.topics.changelog, n, T)
+            .iter()
+            .filter(|m| m.key().is_some_and(|k| k.len() == 16) && m.payload().is_none())
+            .count();
+        (tombs == expected.len()).then_some(())
+    });
+    let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
+    assert_eq!(
+        common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
+        0,
+        "nothing committed yet"
+    );
+    drop(first); // SIGKILL
+    let mut next = cfg.clone();
+    if fresh_store {
+        next.scheduler.data_dir = dir.path().join("b");
+    }
+    let second = start(&next);
+    let written = written as u64;
+    let st = wait_for(
+        "the successor to read the records again",
+        Duration::from_secs(60),
+        || {
+            let st = second.handle.status();
+            (st.ingested == written && st.fired + st.skipped >= written).then_some(st)
+        },
+    );
+    second.stop().await;
+    assert_eq!((st.skipped, st.fired), (written, 0), "{st:?}");
+    assert_eq!(check_fired(&cfg, &expected), 0, "fired again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_read_again_on_the_same_store_do_not_fire_again() {
+    records_read_again_after_a_kill_do_not_fire_again(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_read_again_by_another_instance_do_not_fire_again() {
+    records_read_again_after_a_kill_do_not_fire_again(true).await;
 }

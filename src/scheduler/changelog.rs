@@ -3,6 +3,11 @@
 //! its [`StoredJob`] bytes; a fired or cancelled job is a tombstone (null
 //! value). Replaying a partition's changelog from the start (or from a
 //! store's checkpoint) rebuilds its pending jobs.
+//!
+//! One more key per partition, [`SCHEDULE_NEXT_KEY`], holds how far the
+//! schedule partition has been handled (see
+//! [`Checkpoint::schedule_next`](crate::scheduler::store::Checkpoint)), so
+//! that a new owner does not act again on records whose jobs already fired.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -14,7 +19,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{debug, info};
 
 use crate::job::JobId;
-use crate::scheduler::store::{Change, Store};
+use crate::scheduler::store::{Change, PartitionWrite, Store};
 use crate::scheduler::stored::StoredJob;
 use crate::wire::OwnedRecord;
 
@@ -34,6 +39,21 @@ pub fn tombstone(topic: &str, id: &JobId) -> OwnedRecord {
         topic: topic.to_string(),
         key: id.as_bytes().to_vec(),
         value: None,
+        headers: Vec::new(),
+    }
+}
+
+/// The changelog key of a partition's schedule frontier (not 16 bytes
+/// long, so it is never a job id).
+pub const SCHEDULE_NEXT_KEY: &[u8] = b"kairos:schedule-next";
+
+/// The record saying that every schedule record of its partition before
+/// offset `next` has been handled.
+pub fn schedule_next_record(topic: &str, next: i64) -> OwnedRecord {
+    OwnedRecord {
+        topic: topic.to_string(),
+        key: SCHEDULE_NEXT_KEY.to_vec(),
+        value: Some(next.to_be_bytes().to_vec()),
         headers: Vec::new(),
     }
 }
@@ -68,7 +88,7 @@ pub enum RebuildError {
 
 /// Bring `store`'s copy of each of `partitions` up to the end of the
 /// changelog, each from the store's checkpoint. Returns the number of
-/// records read per partition.
+/// job records read per partition.
 ///
 /// `client` holds the connection settings (bootstrap servers, TLS, SASL); one
 /// private consumer with no group reads every partition at once.
@@ -111,7 +131,7 @@ pub fn catch_up(
     consumer.assign(&tpl).map_err(|e| kafka(first, e))?;
     let started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
     let deadline = Instant::now() + timeout;
-    let mut batches: HashMap<i32, Vec<Change>> = HashMap::new();
+    let mut parts: HashMap<i32, Replayed> = HashMap::new();
     while let Some((&p, &(at, end))) = todo.iter().find(|(_, (at, end))| at < end) {
         if Instant::now() > deadline {
             return Err(RebuildError::Timeout {
@@ -131,16 +151,22 @@ pub fn catch_up(
         };
         *at = msg.offset() + 1;
         let next = *at;
-        *read.entry(p).or_default() += 1;
+        let part = parts.entry(p).or_default();
+        if msg.key() == Some(SCHEDULE_NEXT_KEY) {
+            if let Some(v) = msg.payload().and_then(|v| <[u8; 8]>::try_from(v).ok()) {
+                part.schedule_next = part.schedule_next.max(i64::from_be_bytes(v));
+            }
+            continue;
+        }
         let Some(key) = msg.key().and_then(|k| <[u8; 16]>::try_from(k).ok()) else {
             continue; // not ours; a changelog only holds 16-byte job ids
         };
+        *read.entry(p).or_default() += 1;
         let id = JobId::from_bytes(key);
-        let batch = batches.entry(p).or_default();
         match msg.payload() {
-            None => batch.push(Change::Delete(id)),
+            None => part.changes.push(Change::Delete(id)),
             Some(v) => match StoredJob::decode(v) {
-                Ok(s) if s.job.id == id => batch.push(Change::Put(s)),
+                Ok(s) if s.job.id == id => part.changes.push(Change::Put(s)),
                 // A value that does not decode was not written by this
                 // version; dropping it would lose a job, so stop loudly.
                 Ok(_) | Err(_) => {
@@ -150,12 +176,12 @@ pub fn catch_up(
                 }
             },
         }
-        if batch.len() >= 1000 {
-            store.apply(p, &std::mem::take(batch), Some(next))?;
+        if part.changes.len() >= 1000 {
+            part.apply(store, p, next)?;
         }
     }
     for (p, (at, _)) in todo {
-        store.apply(p, &batches.remove(&p).unwrap_or_default(), Some(at))?;
+        parts.entry(p).or_default().apply(store, p, at)?;
         info!(
             partition = p,
             from = started[&p],
@@ -165,4 +191,24 @@ pub fn catch_up(
         );
     }
     Ok(read)
+}
+
+/// What a partition's changelog records read so far do, not yet applied.
+#[derive(Default)]
+struct Replayed {
+    changes: Vec<Change>,
+    schedule_next: i64,
+}
+
+impl Replayed {
+    /// Apply to the store, up to changelog offset `next`.
+    fn apply(&mut self, store: &Store, partition: i32, next: i64) -> Result<(), RebuildError> {
+        let changes = std::mem::take(&mut self.changes);
+        store.apply_all(&[PartitionWrite {
+            changelog_next: Some(next),
+            schedule_next: Some(self.schedule_next),
+            ..PartitionWrite::new(partition, &changes)
+        }])?;
+        Ok(())
+    }
 }

@@ -60,6 +60,21 @@ impl DirectOffsets {
         }
     }
 
+    /// The first offset not yet handled once the records up to `last` are
+    /// persisted, with the direct jobs at `holding` added and those at
+    /// `releasing` let go (a cancel or replace of them is in the same batch).
+    pub fn first_unhandled(
+        &self,
+        last: i64,
+        holding: impl IntoIterator<Item = i64>,
+        releasing: &[i64],
+    ) -> i64 {
+        let held = self.in_flight.iter().copied().find(|o| !releasing.contains(o));
+        held.into_iter()
+            .chain(holding)
+            .fold(last.max(self.ingested) + 1, i64::min)
+    }
+
     /// The offset to store for commit, if it moved since the last call.
     pub fn to_store(&mut self) -> Option<i64> {
         let safe = self.safe();
@@ -99,6 +114,19 @@ mod tests {
         d.release(10);
         assert_eq!(d.to_store(), Some(12));
         assert_eq!(d.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_first_unhandled_offset_counts_new_holds_and_skips_releases() {
+        let mut d = DirectOffsets::default();
+        assert_eq!(d.first_unhandled(9, [], &[]), 10);
+        assert_eq!(d.first_unhandled(9, [4, 6], &[]), 4);
+        d.hold(2);
+        d.hold(3);
+        d.ingested(5);
+        assert_eq!(d.first_unhandled(9, [], &[]), 2);
+        assert_eq!(d.first_unhandled(9, [], &[2]), 3);
+        assert_eq!(d.first_unhandled(9, [7], &[2, 3]), 7);
     }
 
     #[test]

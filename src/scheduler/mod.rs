@@ -11,10 +11,20 @@
 //!   to its next owner.
 //! - [`direct`]: commit offsets of jobs already due on arrival, which fire
 //!   from memory without touching the store or the changelog.
+//! - [`caught_up`]: how far each schedule partition has been read, in time;
+//!   a job fires only once its partition is read up to its run-at.
 //! - [`service`]: ingest (consume, persist, commit), dispatch (fire on time)
 //!   and partition moves.
 //!
 //! # Guarantees
+//!
+//! A cancel, reschedule or replace whose write was acknowledged before the
+//! job's run-at takes effect: a job fires only once every record written
+//! to its schedule partition before its run-at has been ingested (checked
+//! against the partition's end offset, or a newer record's timestamp less
+//! `max_clock_skew`). One that meets its job being fired is too late (the
+//! job fires as it was; counted in `Status::too_late`); one read after the
+//! fire finds nothing to change.
 //!
 //! A record of the schedule topic is committed only once its effect is in
 //! the local store (flushed to disk) *and* in the changelog (acknowledged by
@@ -30,6 +40,7 @@
 //! write was acknowledged and before its schedule offset was committed. The
 //! job id is the same both times, so handlers deduplicate on it.
 
+pub mod caught_up;
 pub mod changelog;
 pub mod direct;
 pub mod service;

@@ -18,6 +18,7 @@
 use crate::hash::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Message};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -37,12 +38,13 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::job::JobId;
 use crate::kafka;
+use crate::scheduler::caught_up::CaughtUp;
 use crate::scheduler::changelog;
 use crate::scheduler::direct::DirectOffsets;
-use crate::scheduler::store::{Applied, Change, DueKey, Store, StoreError};
+use crate::scheduler::store::{Applied, Change, DueKey, PartitionWrite, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
-use crate::scheduler::timer_wheel::TimerWheel;
-use crate::wire::{self, Command, Context, DeadLetter, OwnedRecord, RecordView};
+use crate::scheduler::timer_wheel::{Due, TimerWheel};
+use crate::wire::{self, Command, Context, DeadLetter, DecodeError, OwnedRecord, RecordView};
 
 /// Why the scheduler stopped.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,8 @@ struct Stats {
     fired: AtomicU64,
     fired_direct: AtomicU64,
     cancelled: AtomicU64,
+    too_late: AtomicU64,
+    skipped: AtomicU64,
     dead_lettered: AtomicU64,
     replayed: AtomicU64,
 }
@@ -90,6 +94,12 @@ pub struct Status {
     pub fired_direct: u64,
     /// Cancels applied since start.
     pub cancelled: u64,
+    /// Cancels, reschedules and replacements that met their job being fired
+    /// (too late: the job fires as it was) since start.
+    pub too_late: u64,
+    /// Records read again that had been handled before (their offsets were
+    /// not committed when the previous owner stopped), skipped, since start.
+    pub skipped: u64,
     /// Records dead-lettered since start.
     pub dead_lettered: u64,
     /// Changelog records read to rebuild partitions since start (a restart
@@ -126,6 +136,13 @@ struct Shared {
     reader_config: ClientConfig,
     /// Whether a job's work topic exists (a job for a missing one is dead-lettered).
     topic_check: kafka::TopicCheck,
+    /// How far each owned schedule partition has been read, in time: jobs
+    /// fire only up to it.
+    caught_up: Mutex<CaughtUp>,
+    /// Asks the probe thread to look up partition ends.
+    probe: SyncSender<()>,
+    /// The probe thread's end of `probe`, taken by `run`.
+    probe_inbox: Mutex<Option<Receiver<()>>>,
     stats: Stats,
 }
 
@@ -146,6 +163,10 @@ impl Shared {
 
     fn direct(&self) -> std::sync::MutexGuard<'_, HashMap<i32, DirectOffsets>> {
         self.direct.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
+        self.caught_up.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hand the consumer every partition's committable offset that moved.
@@ -177,6 +198,7 @@ impl Scheduler {
         let store = Store::open(&s.data_dir, s.cache_capacity)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
         let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        let (probe, probe_inbox) = std::sync::mpsc::sync_channel(1);
         Ok(Scheduler {
             shared: Arc::new(Shared {
                 cfg: cfg.clone(),
@@ -192,6 +214,9 @@ impl Scheduler {
                 fatal: Mutex::new(None),
                 reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
                 topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
+                caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
+                probe,
+                probe_inbox: Mutex::new(Some(probe_inbox)),
                 stats: Stats::default(),
             }),
         })
@@ -228,6 +253,17 @@ impl Scheduler {
                     ingest_shared.fail(e.to_string());
                 }
             })
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
+        let inbox = shared
+            .probe_inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| SchedulerError::Fatal("scheduler already ran".into()))?;
+        let probe_shared = shared.clone();
+        let prober = std::thread::Builder::new()
+            .name("kairos-probe".into())
+            .spawn(move || probe_loop(&probe_shared, inbox))
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         let stop = shared.stop.clone();
         let warm = shared.clone();
@@ -266,6 +302,10 @@ impl Scheduler {
             .await
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?
             .map_err(|_| SchedulerError::Fatal("ingest thread panicked".into()))?;
+        tokio::task::spawn_blocking(move || prober.join())
+            .await
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?
+            .map_err(|_| SchedulerError::Fatal("probe thread panicked".into()))?;
         if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
             return Err(SchedulerError::Fatal(e));
         }
@@ -309,6 +349,8 @@ fn status(shared: &Shared) -> Status {
         fired: shared.stats.fired.load(Ordering::Relaxed),
         fired_direct: shared.stats.fired_direct.load(Ordering::Relaxed),
         cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
+        too_late: shared.stats.too_late.load(Ordering::Relaxed),
+        skipped: shared.stats.skipped.load(Ordering::Relaxed),
         dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
         replayed: shared.stats.replayed.load(Ordering::Relaxed),
     }
@@ -331,6 +373,12 @@ impl ConsumerContext for Ctx {
             let mut w = self.shared.wheel();
             for p in &parts {
                 w.remove_partition(*p);
+            }
+        }
+        {
+            let mut gate = self.shared.caught_up();
+            for p in &parts {
+                gate.revoke(*p);
             }
         }
         // Wait for a fire in flight from these partitions to finish.
@@ -361,7 +409,7 @@ impl ConsumerContext for Ctx {
         info!(partitions = ?parts, "schedule partitions released");
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
@@ -388,7 +436,17 @@ impl ConsumerContext for Ctx {
                     }
                 };
                 info!(partitions = ?parts, elapsed = ?started.elapsed(), "schedule partitions caught up");
-                for p in &parts {
+                let starts = match reading_from(&self.shared, consumer, &parts) {
+                    Ok(starts) => starts,
+                    Err(e) => {
+                        self.shared
+                            .fail(format!("reading committed offsets of {parts:?}: {e}"));
+                        return;
+                    }
+                };
+                for (p, (next, skip_below)) in parts.iter().zip(starts) {
+                    // Jobs fire only once the partition is read up to their run-at.
+                    self.shared.caught_up().assign(*p, next, skip_below);
                     let records = read.get(p).copied().unwrap_or(0);
                     self.shared.stats.replayed.fetch_add(records, Ordering::Relaxed);
                     let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
@@ -408,18 +466,53 @@ impl ConsumerContext for Ctx {
     }
 }
 
+/// For each of `parts` (just assigned), where ingest starts reading and
+/// below which records were handled before: the committed offset (or the
+/// partition's start, when none is) and the store's checkpoint, whichever is
+/// further.
+fn reading_from(
+    shared: &Shared,
+    consumer: &BaseConsumer<Ctx>,
+    parts: &[i32],
+) -> Result<Vec<(i64, i64)>, SchedulerError> {
+    let topic = &shared.cfg.topics.schedule;
+    let timeout = shared.cfg.kafka.produce_timeout;
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        tpl.add_partition(topic, *p);
+    }
+    let committed = consumer.committed_offsets(tpl, timeout)?;
+    parts
+        .iter()
+        .map(|p| {
+            let handled = shared.store.checkpoint(*p)?.schedule_next;
+            let from = match committed.find_partition(topic, *p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                // Nothing committed: read from the start (`auto.offset.reset`).
+                _ => consumer.fetch_watermarks(topic, *p, timeout)?.0,
+            };
+            Ok((from.max(handled), handled))
+        })
+        .collect()
+}
+
 /// What one batch of schedule records does to one partition.
 #[derive(Default)]
 struct PartitionBatch {
     changes: Vec<Change>,
     /// Each job id the batch names.
     ids: HashMap<JobId, Named>,
-    /// Highest offset handled.
+    /// Highest offset read.
     last_offset: i64,
+    /// Latest creation time (Kafka timestamp) of the records read.
+    created_ms: Option<i64>,
     /// Indexes (in `changes`) of puts of jobs already due.
     due_puts: Vec<usize>,
     /// Jobs taken out of `changes` to fire straight from memory.
     direct: Vec<StoredJob>,
+    /// The first schedule offset not handled once the batch is persisted
+    /// (none: the batch does not move the store's checkpoint).
+    schedule_next: Option<i64>,
 }
 
 impl PartitionBatch {
@@ -428,8 +521,10 @@ impl PartitionBatch {
         self.changes.clear();
         self.ids.clear();
         self.last_offset = 0;
+        self.created_ms = None;
         self.due_puts.clear();
         self.direct.clear();
+        self.schedule_next = None;
     }
 
     /// Count a record naming `id`.
@@ -443,6 +538,23 @@ impl PartitionBatch {
     fn now_is(&mut self, id: JobId, at: Option<usize>) {
         self.ids.entry(id).or_default().now = Some(at);
     }
+
+    /// Whether the job `id` was being fired when the batch was read.
+    fn too_late(&self, id: &JobId) -> bool {
+        self.ids.get(id).is_some_and(|n| matches!(n.claim, Claim::Firing))
+    }
+
+    /// Offsets of direct jobs the batch cancels or replaces: they stop
+    /// holding the commit once the batch is persisted.
+    fn released(&self) -> Vec<i64> {
+        self.ids
+            .values()
+            .filter_map(|n| match &n.claim {
+                Claim::Direct(s) => Some(s.seq as i64),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// What a batch does to one job id.
@@ -454,6 +566,21 @@ struct Named {
     /// none changed it (the store knows), `Some(None)` deleted, `Some(Some(i))`
     /// the put at `changes[i]`.
     now: Option<Option<usize>>,
+    /// Where the job was when the batch was read.
+    claim: Claim,
+}
+
+/// Where a job named by an ingest batch was when the batch was read.
+#[derive(Default)]
+enum Claim {
+    /// Not in memory, or a stored job in the window: held there (not fired)
+    /// until the batch is applied.
+    #[default]
+    Held,
+    /// Being fired: a change comes too late.
+    Firing,
+    /// A direct job (not stored), taken out of the window by the batch.
+    Direct(StoredJob),
 }
 
 fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
@@ -535,20 +662,43 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
         fired = st.fired, dead_lettered = st.dead_lettered, lag, "scheduler status");
 }
 
-/// The job `id` of partition `p` as it stands: this batch's changes first, then the store.
+/// The job `id` of partition `p` as it stands: this batch's changes first,
+/// then a direct job the batch took out of the window, then the store.
 fn current(
     shared: &Shared,
     p: i32,
     id: &JobId,
     pb: &PartitionBatch,
 ) -> Result<Option<StoredJob>, StoreError> {
-    if let Some(Named { now: Some(o), .. }) = pb.ids.get(id) {
-        return Ok(o.and_then(|i| match &pb.changes[i] {
-            Change::Put(s) => Some(s.clone()),
-            _ => None,
-        }));
+    match pb.ids.get(id) {
+        Some(Named { now: Some(o), .. }) => {
+            return Ok(o.and_then(|i| match &pb.changes[i] {
+                Change::Put(s) => Some(s.clone()),
+                _ => None,
+            }))
+        }
+        Some(Named {
+            claim: Claim::Direct(s),
+            ..
+        }) => return Ok(Some(s.clone())),
+        _ => {}
     }
     shared.store.current(p, id)
+}
+
+/// A change that met its job being fired: the job fires as it was.
+fn too_late(shared: &Shared, what: &str, p: i32, offset: i64, id: &JobId) {
+    shared.stats.too_late.fetch_add(1, Ordering::Relaxed);
+    info!(job_id = %id, partition = p, offset, change = what, "too late: the job is being fired");
+}
+
+/// The job id a schedule record names.
+fn id_of(c: &Result<Command, DecodeError>) -> Option<JobId> {
+    match c {
+        Ok(Command::Schedule(job)) => Some(job.id),
+        Ok(Command::Cancel(id)) | Ok(Command::Reschedule { id, .. }) => Some(*id),
+        Err(_) => None,
+    }
 }
 
 fn ingest_batch(
@@ -561,14 +711,69 @@ fn ingest_batch(
     let now = shared.clock.now();
     let mut parts: HashMap<i32, PartitionBatch> = HashMap::default();
     let mut dead: Vec<OwnedRecord> = Vec::new();
-    for m in msgs {
-        let p = m.partition();
-        let offset = m.offset();
-        let pb = parts.entry(p).or_insert_with(|| spare.pop().unwrap_or_default());
-        pb.last_offset = pb.last_offset.max(offset);
-        let view = RecordView::from_message(m);
-        match wire::decode(&view, Context::Schedule, &cfg.limits) {
+    // 1. Decode. Records handled before (read again after a crash, their
+    //    offsets not committed) are skipped: their jobs may have fired.
+    let mut cmds: Vec<Option<Result<Command, DecodeError>>> = Vec::with_capacity(msgs.len());
+    {
+        let gate = shared.caught_up();
+        for m in msgs {
+            let (p, offset) = (m.partition(), m.offset());
+            let pb = parts.entry(p).or_insert_with(|| spare.pop().unwrap_or_default());
+            pb.last_offset = pb.last_offset.max(offset);
+            if let Some(t) = m.timestamp().to_millis() {
+                pb.created_ms = Some(pb.created_ms.map_or(t, |c| c.max(t)));
+            }
+            if gate.skip(p, offset) {
+                debug!(partition = p, offset, "handled before; skipped");
+                shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                cmds.push(None);
+                continue;
+            }
+            let view = RecordView::from_message(m);
+            cmds.push(Some(wire::decode(&view, Context::Schedule, &cfg.limits)));
+        }
+    }
+    // 2. Where each job the batch names is: being fired (the change comes
+    //    too late), a direct job (taken out of the window), or held in the
+    //    window until the batch is applied.
+    {
+        let mut w = shared.wheel();
+        for (m, c) in msgs.iter().zip(&cmds) {
+            let Some(id) = c.as_ref().and_then(id_of) else {
+                continue;
+            };
+            let p = m.partition();
+            let pb = parts.get_mut(&p).expect("every partition read has a batch");
+            if pb.ids.contains_key(&id) {
+                continue;
+            }
+            let claim = if w.is_firing(p, &id) {
+                Claim::Firing
+            } else if let Some((_, s)) = w.take_direct_job(p, &id) {
+                Claim::Direct(s)
+            } else {
+                w.changing(p, id);
+                Claim::Held
+            };
+            pb.ids.insert(
+                id,
+                Named {
+                    claim,
+                    ..Named::default()
+                },
+            );
+        }
+    }
+    for (m, c) in msgs.iter().zip(cmds) {
+        let Some(c) = c else { continue };
+        let (p, offset) = (m.partition(), m.offset());
+        let pb = parts.get_mut(&p).expect("every partition read has a batch");
+        match c {
             Ok(Command::Schedule(job)) => {
+                if pb.too_late(&job.id) {
+                    too_late(shared, "replace", p, offset, &job.id);
+                    continue;
+                }
                 debug!(job_id = %job.id, key = %job.key_lossy(), partition = p, offset,
                     run_at = %wire::format_time(job.run_at), "scheduled");
                 let sj = StoredJob {
@@ -583,6 +788,10 @@ fn ingest_batch(
                 pb.changes.push(Change::Put(sj));
             }
             Ok(Command::Cancel(id)) => {
+                if pb.too_late(&id) {
+                    too_late(shared, "cancel", p, offset, &id);
+                    continue;
+                }
                 pb.named(id);
                 if current(shared, p, &id, pb)?.is_some() {
                     debug!(job_id = %id, partition = p, offset, "cancelled");
@@ -592,6 +801,10 @@ fn ingest_batch(
                 }
             }
             Ok(Command::Reschedule { id, run_at }) => {
+                if pb.too_late(&id) {
+                    too_late(shared, "reschedule", p, offset, &id);
+                    continue;
+                }
                 pb.named(id);
                 if let Some(mut sj) = current(shared, p, &id, pb)? {
                     debug!(job_id = %id, partition = p, offset, run_at = %wire::format_time(run_at), "rescheduled");
@@ -609,7 +822,7 @@ fn ingest_batch(
                     origin_offset: offset,
                 };
                 dead.push(wire::dead_letter_record(
-                    &view,
+                    &RecordView::from_message(m),
                     &d,
                     &cfg.topics.dead_letter,
                     &cfg.limits,
@@ -619,6 +832,18 @@ fn ingest_batch(
     }
     for (p, pb) in parts.iter_mut() {
         pick_direct(shared, *p, pb)?;
+    }
+    {
+        let held = shared.direct();
+        for (p, pb) in parts.iter_mut() {
+            if !pb.changes.is_empty() {
+                let first = held.get(p).map_or(pb.last_offset + 1, |d| {
+                    let holding = pb.direct.iter().map(|s| s.seq as i64);
+                    d.first_unhandled(pb.last_offset, holding, &pb.released())
+                });
+                pb.schedule_next = Some(first);
+            }
+        }
     }
     let applied = persist(shared, &parts, &dead)?;
     shared
@@ -636,7 +861,8 @@ fn ingest_batch(
         }
     }
     // Stored jobs and direct jobs enter the window together, so the
-    // dispatcher sees them in one run-at order.
+    // dispatcher sees them in one run-at order; the jobs the batch named
+    // may be fired again.
     let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
     {
         let mut w = shared.wheel();
@@ -652,6 +878,12 @@ fn ingest_batch(
                     Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
                 }
             }
+            w.changed(
+                pb.ids
+                    .iter()
+                    .filter(|(_, n)| matches!(n.claim, Claim::Held))
+                    .map(|(id, _)| (*p, *id)),
+            );
         }
     }
     shared.wake.notify_one();
@@ -671,10 +903,23 @@ fn ingest_batch(
                     d.release(s.seq as i64);
                 }
             }
+            for offset in pb.released() {
+                d.release(offset);
+            }
             d.ingested(pb.last_offset);
         }
     }
     shared.store_offsets(consumer);
+    // 4. The partitions are read this far: jobs due up to here may fire.
+    let moved = {
+        let mut gate = shared.caught_up();
+        parts.iter().fold(false, |moved, (p, pb)| {
+            gate.ingested(*p, pb.last_offset + 1, pb.created_ms) || moved
+        })
+    };
+    if moved {
+        shared.wake.notify_one();
+    }
     shared
         .stats
         .ingested
@@ -687,7 +932,8 @@ fn ingest_batch(
 }
 
 /// Take out of `pb` the jobs that can fire straight from memory: due on
-/// arrival, named by no other record of the batch, not pending under their
+/// arrival, named by no other record of the batch (nor replacing a direct
+/// job), not pending under their
 /// id (a replace must delete the old job durably), and where the window
 /// mirrors the partition up to them (so they fire in order with stored jobs).
 fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
@@ -698,7 +944,10 @@ fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), S
             .iter()
             .filter_map(|&i| match &pb.changes[i] {
                 Change::Put(s)
-                    if pb.ids.get(&s.job.id).is_some_and(|n| n.mentions == 1)
+                    if pb
+                        .ids
+                        .get(&s.job.id)
+                        .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
                         && w.may_add_direct(&DueKey::of(p, s)) =>
                 {
                     Some((i, s.job.id))
@@ -745,13 +994,15 @@ fn persist(
     let records: Vec<(i32, OwnedRecord)> = parts
         .iter()
         .flat_map(|(p, pb)| {
-            pb.changes.iter().map(move |c| {
-                let r = match c {
-                    Change::Put(s) => changelog::put_record(topic, s),
-                    Change::Delete(id) | Change::Fired(id, _) => changelog::tombstone(topic, id),
-                };
-                (*p, r)
-            })
+            let changes = pb.changes.iter().map(|c| match c {
+                Change::Put(s) => changelog::put_record(topic, s),
+                Change::Delete(id) | Change::Fired(id, _) => changelog::tombstone(topic, id),
+            });
+            // After the changes it covers, in the same partition.
+            let handled = pb
+                .schedule_next
+                .map(|n| changelog::schedule_next_record(topic, n));
+            changes.chain(handled).map(move |r| (*p, r))
         })
         .collect();
     let mut sends: Vec<(Option<i32>, &OwnedRecord)> = records.iter().map(|(p, r)| (Some(*p), r)).collect();
@@ -765,10 +1016,14 @@ fn persist(
         }
     }
     // 2. The store, flushed to disk (nothing to do for a batch of direct jobs).
-    let writes: Vec<(i32, &[Change], Option<i64>)> = parts
+    let writes: Vec<PartitionWrite> = parts
         .iter()
         .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
-        .map(|(p, pb)| (*p, &pb.changes[..], changelog_next.get(p).copied()))
+        .map(|(p, pb)| PartitionWrite {
+            changelog_next: changelog_next.get(p).copied(),
+            schedule_next: pb.schedule_next,
+            ..PartitionWrite::new(*p, &pb.changes)
+        })
         .collect();
     let mut applied = Vec::new();
     if !writes.is_empty() {
@@ -842,6 +1097,73 @@ fn written_again(parts: &[Option<i32>], failed: &[usize]) -> Vec<usize> {
         .filter(|(i, p)| p.and_then(|p| first.get(&p)).is_some_and(|f| i > f))
         .map(|(i, _)| i)
         .collect()
+}
+
+// ---------------------------------------------------------------- probes
+
+/// Look up the end offsets of the schedule partitions whose due jobs wait
+/// (see [`CaughtUp`]), one request for all of them, whenever the dispatcher
+/// asks. Runs on its own thread: the look-up blocks.
+fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
+    let mut cfg = shared.reader_config.clone();
+    cfg.set("group.id", "kairos-probe");
+    let consumer: BaseConsumer = match cfg.create() {
+        Ok(c) => c,
+        Err(e) => {
+            shared.fail(format!("creating the schedule probe client: {e}"));
+            return;
+        }
+    };
+    let topic = &shared.cfg.topics.schedule;
+    let mut delay = kafka::RetryDelay::new();
+    while !shared.stop.is_cancelled() {
+        match inbox.recv_timeout(Duration::from_millis(200)) {
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let at = shared.clock.now().timestamp_millis();
+        let parts = shared.caught_up().take_wanted(at);
+        if parts.is_empty() {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in &parts {
+            // The end offset ("latest"), asked for as a timestamp.
+            if let Err(e) = tpl.add_partition_offset(topic, *p, Offset::End) {
+                warn!(partition = p, error = %e, "schedule probe");
+            }
+        }
+        let answer = consumer.offsets_for_times(tpl, shared.cfg.kafka.produce_timeout);
+        let mut gate = shared.caught_up();
+        let mut failed = Vec::new();
+        let mut moved = false;
+        match answer {
+            Ok(ends) => {
+                for e in ends.elements() {
+                    match (e.offset(), e.error()) {
+                        (Offset::Offset(end), Ok(())) => moved |= gate.probed(e.partition(), at, end),
+                        _ => failed.push(e.partition()),
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(partitions = ?parts, error = %e, "cannot look up the schedule partitions' ends; due jobs wait");
+                failed = parts;
+            }
+        }
+        if !failed.is_empty() {
+            gate.probe_failed(&failed, at);
+        }
+        drop(gate);
+        if moved {
+            shared.wake.notify_one();
+        }
+        if failed.is_empty() {
+            delay = kafka::RetryDelay::new();
+        } else {
+            std::thread::sleep(delay.next_delay());
+        }
+    }
 }
 
 // ---------------------------------------------------------------- dispatch
@@ -921,12 +1243,16 @@ async fn dispatch_loop(shared: Arc<Shared>) {
     // partition too, and they all go back into the window in run-at order.
     let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
     let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
+    let mut holding = Holding::default();
     loop {
         if shared.stop.is_cancelled() {
             break;
         }
         let now = shared.clock.now().timestamp_millis();
-        let (due, direct, parts, wake_at) = {
+        // Read before the window: `until` only grows, so a stale copy only
+        // holds jobs back a little longer.
+        let until = shared.caught_up().snapshot();
+        let (due, direct, parts, wake_at, held) = {
             let mut w = shared.wheel();
             if w.refill_due_ms().is_some_and(|t| t <= now) {
                 if let Err(e) = w.refill(&shared.store, now) {
@@ -935,7 +1261,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                     break;
                 }
             }
-            let due = w.take_due(now, shared.cfg.scheduler.fire_batch);
+            let Due { jobs: due, held } = w.take_due(now, shared.cfg.scheduler.fire_batch, &until);
             let direct = w.take_direct(&due);
             let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
             if !parts.is_empty() {
@@ -944,12 +1270,15 @@ async fn dispatch_loop(shared: Arc<Shared>) {
                     *firing.entry(*p).or_insert(0) += 1;
                 }
             }
-            let wake = [w.next_run_at_ms(), w.refill_due_ms()]
+            // Jobs due but held wake the dispatcher when their partition
+            // has been read further (ingest and probes notify).
+            let wake = [w.next_after_ms(now), w.refill_due_ms()]
                 .into_iter()
                 .flatten()
                 .min();
-            (due, direct, parts, wake)
+            (due, direct, parts, wake, held)
         };
+        holding.update(&shared, &held, now);
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
             let batch = FireBatch {
@@ -978,6 +1307,45 @@ async fn dispatch_loop(shared: Arc<Shared>) {
     // Let the fires in flight finish (acknowledged jobs are deleted).
     drop(to_finish);
     let _ = finisher.await;
+}
+
+/// Due jobs held because their schedule partition has not been read up to
+/// their run-at: asks for probes, and says so when it lasts.
+#[derive(Default)]
+struct Holding {
+    /// Since when jobs have been held, and when that was last logged.
+    since: Option<(Instant, Instant)>,
+}
+
+/// How long jobs may be held before the dispatcher logs it (then again as often).
+const HELD_WARNING: Duration = Duration::from_secs(5);
+
+impl Holding {
+    fn update(&mut self, shared: &Shared, held: &HashMap<i32, i64>, now_ms: i64) {
+        if held.is_empty() {
+            if self.since.take().is_some() {
+                info!("held jobs released: schedule partitions read up to their run-at");
+            }
+            return;
+        }
+        let mut gate = shared.caught_up();
+        let ask = held
+            .iter()
+            .fold(false, |ask, (p, due_ms)| gate.want(*p, *due_ms) || ask);
+        if ask {
+            // Full: a probe is asked for already.
+            let _ = shared.probe.try_send(());
+        }
+        let (since, logged) = self.since.get_or_insert((Instant::now(), Instant::now()));
+        if logged.elapsed() >= HELD_WARNING {
+            *logged = Instant::now();
+            for (p, due_ms) in held {
+                let (read_to, end) = gate.progress(*p).unwrap_or((-1, None));
+                warn!(partition = p, held_for = ?since.elapsed(), latest_held_late_ms = now_ms - due_ms,
+                    read_to, end = ?end, "due jobs held: the schedule partition is not read up to their run-at yet (a cancel written before then would be missed)");
+            }
+        }
+    }
 }
 
 /// Due jobs handed to librdkafka, waiting for the finisher.
@@ -1088,6 +1456,19 @@ async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWr
     writes
 }
 
+/// What a finisher round writes for one partition.
+#[derive(Default)]
+struct Fired {
+    /// Changelog records: tombstones, then how far the partition is handled.
+    tombs: Vec<OwnedRecord>,
+    /// Store deletions.
+    changes: Vec<Change>,
+    /// The next changelog offset once `tombs` are written.
+    changelog_next: i64,
+    /// The first schedule offset not handled.
+    schedule_next: Option<i64>,
+}
+
 /// Finish a fire batch: wait for its writes, then tombstone and delete the
 /// stored jobs acknowledged, and release the offsets of the direct ones. Jobs
 /// whose write failed go back into the window.
@@ -1169,40 +1550,56 @@ async fn finish_fire(
             .fetch_add((before - done.len()) as u64, Ordering::Relaxed);
     }
     // Tombstones, then the store.
-    let tombs: Vec<(i32, OwnedRecord)> = done
-        .iter()
-        .map(|(k, s)| {
-            (
-                k.partition,
-                changelog::tombstone(&cfg.topics.changelog, &s.job.id),
-            )
-        })
-        .collect();
-    let tomb_results = futures::future::join_all(
-        tombs
-            .iter()
-            .map(|(p, r)| kafka::send(&shared.producer, r, Some(*p))),
-    )
-    .await;
-    let mut by_part: HashMap<i32, (Vec<Change>, i64)> = HashMap::default();
-    for ((k, s), r) in done.iter().zip(tomb_results) {
-        let e = by_part.entry(k.partition).or_insert((Vec::new(), 0));
-        match r {
-            Ok(d) => e.1 = e.1.max(d.offset + 1),
-            // The local delete still happens; a later owner rebuilding from
-            // the changelog may fire this job again (a documented duplicate).
-            Err(err) => warn!(job_id = %s.job.id, error = %err, "changelog tombstone failed"),
+    let mut by_part: HashMap<i32, Fired> = HashMap::default();
+    for (k, s) in &done {
+        let e = by_part.entry(k.partition).or_default();
+        e.tombs
+            .push(changelog::tombstone(&cfg.topics.changelog, &s.job.id));
+        e.changes.push(Change::Fired(s.job.id, *k));
+    }
+    // How far each partition is handled, with the direct jobs just fired:
+    // after its tombstones, so a new owner skips what fired here.
+    {
+        let offsets = shared.direct();
+        for (p, f) in by_part.iter_mut() {
+            if let Some(d) = offsets.get(p) {
+                let next = d.safe() + 1;
+                f.schedule_next = Some(next);
+                f.tombs
+                    .push(changelog::schedule_next_record(&cfg.topics.changelog, next));
+            }
         }
-        e.0.push(Change::Fired(s.job.id, *k));
+    }
+    let sends = by_part.iter().flat_map(|(p, f)| {
+        f.tombs
+            .iter()
+            .map(move |r| kafka::send(&shared.producer, r, Some(*p)))
+    });
+    let mut results = futures::future::join_all(sends).await.into_iter();
+    for f in by_part.values_mut() {
+        for (r, rec) in results.by_ref().zip(&f.tombs) {
+            match r {
+                Ok(d) => f.changelog_next = f.changelog_next.max(d.offset + 1),
+                // The local delete still happens; a later owner rebuilding from
+                // the changelog may fire this job again (a documented duplicate).
+                Err(err) => {
+                    warn!(key = %String::from_utf8_lossy(&rec.key), error = %err, "changelog write failed")
+                }
+            }
+        }
     }
     // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
     let applied = if by_part.is_empty() {
         Vec::new()
     } else {
         blocking_store(shared, "store delete", move |s| {
-            let writes: Vec<(i32, &[Change], Option<i64>)> = by_part
+            let writes: Vec<PartitionWrite> = by_part
                 .iter()
-                .map(|(p, (changes, next))| (*p, &changes[..], (*next > 0).then_some(*next)))
+                .map(|(p, f)| PartitionWrite {
+                    changelog_next: (f.changelog_next > 0).then_some(f.changelog_next),
+                    schedule_next: f.schedule_next,
+                    ..PartitionWrite::new(*p, &f.changes)
+                })
                 .collect();
             let applied = s.store.apply_all(&writes)?;
             s.store.flush()?;
@@ -1213,8 +1610,11 @@ async fn finish_fire(
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
     {
+        // Deleted from the store and the window together: a change read
+        // from now on finds the job gone, not being fired.
         let mut w = shared.wheel();
         w.follow(&applied);
+        w.fired(&due);
         w.put_back(retry, &direct);
     }
     if backoff {

@@ -11,7 +11,7 @@
 //! | `N` partition run-at seq | *near*: a sorted run of up to 64 jobs due before the partition's cascade point, keyed by its first job; runs do not overlap, so a range scan yields due jobs in run-at then arrival order |
 //! | `B` partition bucket-start chunk-no | *far*: a chunk of up to 256 jobs due in one time bucket, written by one ingest batch or one cascade |
 //! | `J` partition first-id | *id hints*: up to 1024 sorted (job id, run-at, seq) records, for cancel, reschedule and replace by id |
-//! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number |
+//! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number, first schedule offset not yet handled |
 //! | `L` segment | live bytes of one value-log segment (see `value_log`) |
 //!
 //! The bytes of `N`, `B` and `J` entries (runs, chunks, hint chunks) are
@@ -121,6 +121,11 @@ pub enum Applied {
 pub struct Checkpoint {
     /// The next changelog offset not yet reflected in this store.
     pub changelog_next: i64,
+    /// The first schedule-topic offset whose record may not have been
+    /// handled yet: every record before it is reflected here (or fired).
+    /// A record read again below it (its offset was not committed before a
+    /// crash) is skipped, so a job that fired is not fired again.
+    pub schedule_next: i64,
     /// Jobs pending in the partition.
     pub pending: u64,
     /// Every pending job due before this instant (ms) is in the near range.
@@ -133,9 +138,35 @@ impl Default for Checkpoint {
     fn default() -> Self {
         Checkpoint {
             changelog_next: 0,
+            schedule_next: 0,
             pending: 0,
             cascaded_to: i64::MIN,
             next_chunk: 0,
+        }
+    }
+}
+
+/// What one batch does to one partition: its changes, and how far they move
+/// the partition's checkpoints (see [`Checkpoint`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PartitionWrite<'a> {
+    /// The schedule partition.
+    pub partition: i32,
+    /// The changes, in order.
+    pub changes: &'a [Change],
+    /// The next changelog offset these changes bring the store to.
+    pub changelog_next: Option<i64>,
+    /// The first schedule offset not handled once these changes are in.
+    pub schedule_next: Option<i64>,
+}
+
+impl<'a> PartitionWrite<'a> {
+    /// `changes` to `partition`, moving no checkpoint.
+    pub fn new(partition: i32, changes: &'a [Change]) -> Self {
+        PartitionWrite {
+            partition,
+            changes,
+            ..Default::default()
         }
     }
 }
@@ -955,6 +986,7 @@ impl<'a> Writer<'a> {
     fn commit(
         mut self,
         changelog_next: Option<i64>,
+        schedule_next: Option<i64>,
         lb: &mut LogBatch,
         batch: &mut sled::Batch,
     ) -> Result<Vec<Applied>, StoreError> {
@@ -983,6 +1015,9 @@ impl<'a> Writer<'a> {
         let mut cp = view.cp;
         if let Some(next) = changelog_next {
             cp.changelog_next = cp.changelog_next.max(next);
+        }
+        if let Some(next) = schedule_next {
+            cp.schedule_next = cp.schedule_next.max(next);
         }
         view.near.write(lb, batch)?;
         view.hints.write(lb, batch, cp.cascaded_to, first_near)?;
@@ -1041,22 +1076,25 @@ impl Store {
         changes: &[Change],
         changelog_next: Option<i64>,
     ) -> Result<Vec<Applied>, StoreError> {
-        self.apply_all(&[(partition, changes, changelog_next)])
+        self.apply_all(&[PartitionWrite {
+            changelog_next,
+            ..PartitionWrite::new(partition, changes)
+        }])
     }
 
     /// [`Store::apply`] for several partitions at once, as one atomic
     /// batch (cheaper than one batch each: sled pays per batch too). A
     /// partition listed twice is applied in turns.
-    pub fn apply_all(&self, parts: &[(i32, &[Change], Option<i64>)]) -> Result<Vec<Applied>, StoreError> {
+    pub fn apply_all(&self, parts: &[PartitionWrite<'_>]) -> Result<Vec<Applied>, StoreError> {
         let mut seen = HashSet::default();
-        if !parts.iter().all(|(p, ..)| seen.insert(*p)) {
+        if !parts.iter().all(|w| seen.insert(w.partition)) {
             let mut applied = Vec::new();
             for part in parts {
                 applied.extend(self.apply_all(std::slice::from_ref(part))?);
             }
             return Ok(applied);
         }
-        let mut locks: Vec<usize> = parts.iter().map(|(p, ..)| lock_index(*p)).collect();
+        let mut locks: Vec<usize> = parts.iter().map(|w| lock_index(w.partition)).collect();
         locks.sort_unstable();
         locks.dedup();
         let _guards: Vec<_> = locks
@@ -1066,18 +1104,18 @@ impl Store {
         let mut lb = self.log.begin();
         let mut batch = sled::Batch::default();
         let mut applied = Vec::new();
-        for (partition, changes, changelog_next) in parts {
+        for part in parts {
             let mut w = Writer {
-                view: View::new(self, *partition)?,
+                view: View::new(self, part.partition)?,
                 new_far: BTreeMap::new(),
                 far_removals: HashMap::default(),
                 // One list for all partitions, passed along (not copied).
                 applied: std::mem::take(&mut applied),
             };
-            for change in *changes {
+            for change in part.changes {
                 w.change(change)?;
             }
-            applied = w.commit(*changelog_next, &mut lb, &mut batch)?;
+            applied = w.commit(part.changelog_next, part.schedule_next, &mut lb, &mut batch)?;
         }
         lb.apply(&self.tree, batch, inline_header)?;
         Ok(applied)
@@ -1307,23 +1345,33 @@ impl Store {
     }
 }
 
-fn encode_checkpoint(cp: &Checkpoint) -> [u8; 32] {
-    let mut out = [0u8; 32];
+fn encode_checkpoint(cp: &Checkpoint) -> [u8; 40] {
+    let mut out = [0u8; 40];
     out[..8].copy_from_slice(&cp.changelog_next.to_be_bytes());
     out[8..16].copy_from_slice(&cp.pending.to_be_bytes());
     out[16..24].copy_from_slice(&cp.cascaded_to.to_be_bytes());
     out[24..32].copy_from_slice(&cp.next_chunk.to_be_bytes());
+    out[32..40].copy_from_slice(&cp.schedule_next.to_be_bytes());
     out
 }
 
+/// Decodes both layouts: 40 bytes, and the 32 written before
+/// `schedule_next` existed (read as 0: nothing is skipped).
 fn decode_checkpoint(v: &[u8]) -> Result<Checkpoint, CorruptJob> {
-    let v: &[u8; 32] = v.try_into().map_err(|_| CorruptJob("checkpoint length"))?;
+    if v.len() != 32 && v.len() != 40 {
+        return Err(CorruptJob("checkpoint length"));
+    }
     let field = |i: usize| -> [u8; 8] { v[i * 8..i * 8 + 8].try_into().expect("8 bytes") };
     Ok(Checkpoint {
         changelog_next: i64::from_be_bytes(field(0)),
         pending: u64::from_be_bytes(field(1)),
         cascaded_to: i64::from_be_bytes(field(2)),
         next_chunk: u64::from_be_bytes(field(3)),
+        schedule_next: if v.len() == 40 {
+            i64::from_be_bytes(field(4))
+        } else {
+            0
+        },
     })
 }
 

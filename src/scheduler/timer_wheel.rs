@@ -13,11 +13,18 @@
 //! in the store: they enter only where the window already mirrors the store
 //! (so they fire in order with stored jobs), at most half the capacity of
 //! them, and they are never dropped to make room.
+//!
+//! The window also knows which jobs are being fired (taken, not yet
+//! finished) and which an ingest batch is changing (a cancel, reschedule or
+//! replace read but not yet applied): a change that meets a job being fired
+//! comes too late, and a job being changed is not taken until the change is
+//! applied. Both sets hold jobs in memory anyway; nothing for waiting jobs.
 
 use std::collections::BTreeMap;
 
 use crate::hash::{HashMap, HashSet};
 
+use crate::job::JobId;
 use crate::scheduler::store::{Applied, DueKey, Store, StoreError};
 use crate::scheduler::stored::StoredJob;
 
@@ -69,6 +76,22 @@ pub struct TimerWheel {
     capacity: usize,
     /// Entries that are direct jobs (not in the store).
     direct: HashSet<DueKey>,
+    /// The same, by partition and job id.
+    direct_ids: HashMap<(i32, JobId), DueKey>,
+    /// Jobs taken for firing and not yet finished.
+    firing: HashSet<(i32, JobId)>,
+    /// Jobs an ingest batch is changing: not taken until it is applied.
+    changing: HashSet<(i32, JobId)>,
+}
+
+/// What [`TimerWheel::take_due`] found.
+#[derive(Debug, Default)]
+pub struct Due {
+    /// Jobs to fire, earliest first.
+    pub jobs: Vec<(DueKey, StoredJob)>,
+    /// Per partition, the latest run-at of the due jobs left because the
+    /// partition has not been read up to their run-at.
+    pub held: HashMap<i32, i64>,
 }
 
 impl TimerWheel {
@@ -80,6 +103,9 @@ impl TimerWheel {
             span_ms: span_ms.max(1),
             capacity: capacity.max(1),
             direct: HashSet::default(),
+            direct_ids: HashMap::default(),
+            firing: HashSet::default(),
+            changing: HashSet::default(),
         }
     }
 
@@ -93,6 +119,8 @@ impl TimerWheel {
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
         self.direct.retain(|k| k.partition != partition);
+        self.direct_ids.retain(|(p, _), _| *p != partition);
+        self.changing.retain(|(p, _)| *p != partition);
     }
 
     /// Whether a direct job at `k` may enter: its partition is mirrored up
@@ -114,10 +142,48 @@ impl TimerWheel {
         if !self.may_add_direct(&k) {
             return Some(job);
         }
+        self.direct_ids.insert((k.partition, job.job.id), k);
         self.entries.insert(k, job);
         self.direct.insert(k);
         self.shrink();
         None
+    }
+
+    /// Whether job `id` of `partition` is being fired.
+    pub fn is_firing(&self, partition: i32, id: &JobId) -> bool {
+        !self.firing.is_empty() && self.firing.contains(&(partition, *id))
+    }
+
+    /// Take the direct job `id` of `partition` out of the window (a change
+    /// replaces or cancels it), if it is there.
+    pub fn take_direct_job(&mut self, partition: i32, id: &JobId) -> Option<(DueKey, StoredJob)> {
+        if self.direct_ids.is_empty() {
+            return None;
+        }
+        let k = self.direct_ids.remove(&(partition, *id))?;
+        self.direct.remove(&k);
+        self.entries.remove(&k).map(|j| (k, j))
+    }
+
+    /// An ingest batch is changing job `id` of `partition`: it is not taken
+    /// until [`TimerWheel::changed`].
+    pub fn changing(&mut self, partition: i32, id: JobId) {
+        self.changing.insert((partition, id));
+    }
+
+    /// The changes of `ids` are applied.
+    pub fn changed(&mut self, ids: impl IntoIterator<Item = (i32, JobId)>) {
+        for k in ids {
+            self.changing.remove(&k);
+        }
+    }
+
+    /// The fires of `jobs` are finished (acknowledged, dead-lettered, or
+    /// their partition let go).
+    pub fn fired(&mut self, jobs: &[(DueKey, StoredJob)]) {
+        for (k, j) in jobs {
+            self.firing.remove(&(k.partition, j.job.id));
+        }
     }
 
     /// Which of `due` (just taken) are direct jobs; they stop counting as
@@ -127,10 +193,12 @@ impl TimerWheel {
             return HashSet::default();
         }
         let mut taken = HashSet::with_capacity_and_hasher(due.len(), Default::default());
-        taken.extend(
-            due.iter()
-                .filter_map(|(k, _)| self.direct.remove(k).then_some(*k)),
-        );
+        for (k, j) in due {
+            if self.direct.remove(k) {
+                self.direct_ids.remove(&(k.partition, j.job.id));
+                taken.insert(*k);
+            }
+        }
         taken
     }
 
@@ -270,49 +338,78 @@ impl TimerWheel {
         self.entries.keys().next().map(|k| k.run_at_ms)
     }
 
-    /// Take up to `max` jobs due at `now_ms` (run-at ≤ now), earliest first.
-    /// Only jobs at or before their partition's horizon: a direct job left
-    /// beyond it (when room was made by dropping stored jobs before it) waits
-    /// until a refill has brought those back, so firing order holds.
-    pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
+    /// Run-at of the earliest job in memory due after `now_ms`: when the
+    /// dispatcher next has something new to fire (jobs already due but held
+    /// wait for their partition to catch up instead).
+    pub fn next_after_ms(&self, now_ms: i64) -> Option<i64> {
+        let from = DueKey {
+            run_at_ms: now_ms.saturating_add(1),
+            partition: i32::MIN,
+            seq: 0,
+        };
+        self.entries.range(from..).next().map(|(k, _)| k.run_at_ms)
+    }
+
+    /// Take up to `max` jobs due at `now_ms` (run-at ≤ now), earliest first,
+    /// and count them as firing. Only jobs at or before their partition's
+    /// horizon: a direct job left beyond it (when room was made by dropping
+    /// stored jobs before it) waits until a refill has brought those back, so
+    /// firing order holds. Only jobs whose partition has been read up to their
+    /// run-at (`until`, per partition; the others are `held`), and none an
+    /// ingest batch is changing.
+    pub fn take_due(&mut self, now_ms: i64, max: usize, until: &HashMap<i32, i64>) -> Due {
         let mut keys = Vec::with_capacity(max.min(self.entries.len()));
+        let mut held: HashMap<i32, i64> = HashMap::default();
         let mut skipped = false;
         let mut end = None;
-        for k in self.entries.keys() {
+        for (k, j) in self.entries.iter() {
             if k.run_at_ms > now_ms || keys.len() >= max {
                 end = Some(*k);
                 break;
             }
-            if self.mirrors(k) {
-                keys.push(*k);
-            } else {
+            if until.get(&k.partition).is_none_or(|u| k.run_at_ms > *u) {
+                let h = held.entry(k.partition).or_insert(k.run_at_ms);
+                *h = (*h).max(k.run_at_ms);
                 skipped = true;
+            } else if !self.mirrors(k)
+                || (!self.changing.is_empty() && self.changing.contains(&(k.partition, j.job.id)))
+            {
+                skipped = true;
+            } else {
+                keys.push(*k);
             }
         }
-        if skipped {
-            return keys
-                .into_iter()
+        let jobs: Vec<(DueKey, StoredJob)> = if skipped {
+            keys.into_iter()
                 .filter_map(|k| self.entries.remove(&k).map(|v| (k, v)))
-                .collect();
-        }
-        // Every entry before `end` is taken: split the map there, cheaper
-        // than removing the keys one by one.
-        let rest = match end {
-            Some(end) => self.entries.split_off(&end),
-            None => BTreeMap::new(),
+                .collect()
+        } else {
+            // Every entry before `end` is taken: split the map there, cheaper
+            // than removing the keys one by one.
+            let rest = match end {
+                Some(end) => self.entries.split_off(&end),
+                None => BTreeMap::new(),
+            };
+            std::mem::replace(&mut self.entries, rest).into_iter().collect()
         };
-        std::mem::replace(&mut self.entries, rest).into_iter().collect()
+        self.firing.reserve(jobs.len());
+        for (k, j) in &jobs {
+            self.firing.insert((k.partition, j.job.id));
+        }
+        Due { jobs, held }
     }
 
     /// Put back jobs that could not be fired (their partition still owned);
     /// those in `direct` are direct jobs again.
     pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashSet<DueKey>) {
+        self.fired(&jobs);
         for (k, j) in jobs {
             if self.owns(k.partition) {
-                self.entries.insert(k, j);
                 if direct.contains(&k) {
                     self.direct.insert(k);
+                    self.direct_ids.insert((k.partition, j.job.id), k);
                 }
+                self.entries.insert(k, j);
             }
         }
         self.shrink();
@@ -331,6 +428,12 @@ mod tests {
         Change::Put(StoredJob { job, seq })
     }
 
+    /// Take due jobs with every partition read to its end.
+    fn take(w: &mut TimerWheel, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
+        let until = w.partitions().into_iter().map(|p| (p, i64::MAX)).collect();
+        w.take_due(now_ms, max, &until).jobs
+    }
+
     fn store() -> (tempfile::TempDir, Store) {
         let d = tempfile::tempdir().unwrap();
         let s = Store::open(d.path(), 1 << 20).unwrap();
@@ -346,7 +449,7 @@ mod tests {
         w.add_partition(0);
         w.refill(&s, 0).unwrap();
         assert_eq!(w.len(), 11, "run-at 0..=10s");
-        assert_eq!(w.take_due(5_000, 100).len(), 6);
+        assert_eq!(take(&mut w, 5_000, 100).len(), 6);
         assert_eq!(w.refill_due_ms(), Some(5_000));
         w.refill(&s, 50_000).unwrap();
         assert_eq!(w.next_run_at_ms(), Some(6_000));
@@ -364,7 +467,7 @@ mod tests {
         for _ in 0..20 {
             w.refill(&s, 1000).unwrap();
             assert!(w.len() <= 8);
-            let batch = w.take_due(1000, 3);
+            let batch = take(&mut w, 1000, 3);
             for (k, _) in &batch {
                 s.apply(0, &[Change::Delete(batch_id(&s, k, &batch))], None)
                     .unwrap();
@@ -394,7 +497,7 @@ mod tests {
         w.follow(&applied);
         assert_eq!(w.len(), 1);
         assert_eq!(w.next_run_at_ms(), Some(5_000));
-        w.take_due(5_000, 10);
+        take(&mut w, 5_000, 10);
         w.refill(&s, 55_000).unwrap();
         assert_eq!(w.next_run_at_ms(), Some(60_000));
     }
@@ -446,10 +549,10 @@ mod tests {
         // Room was made by dropping stored job c (3 ms): the direct job at
         // 5 ms waits until c is back, so they fire in run-at order.
         let seqs = |due: &[(DueKey, StoredJob)]| due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>();
-        let first = w.take_due(10, 10);
+        let first = take(&mut w, 10, 10);
         assert_eq!(seqs(&first), vec![3, 10, 11]);
         w.refill(&s, 10).unwrap();
-        let second = w.take_due(10, 10);
+        let second = take(&mut w, 10, 10);
         assert_eq!(seqs(&second), vec![12, 4]);
         let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
         let direct = w.take_direct(&due);
@@ -478,5 +581,46 @@ mod tests {
         let applied = s.apply(0, &[put("c", 0, 2)], None).unwrap();
         w.follow(&applied);
         assert_eq!(w.len(), 1, "jobs of partitions not owned stay out");
+    }
+
+    #[test]
+    fn jobs_wait_for_their_partition_to_be_read_up_to_their_run_at() {
+        let (_d, s) = store();
+        s.apply(0, &[put("a", 100, 1), put("b", 300, 2)], None).unwrap();
+        s.apply(1, &[put("c", 200, 1)], None).unwrap();
+        let mut w = TimerWheel::new(10_000, 100);
+        w.add_partition(0);
+        w.add_partition(1);
+        w.refill(&s, 0).unwrap();
+        let until: HashMap<i32, i64> = [(0, 150)].into_iter().collect();
+        let due = w.take_due(1_000, 10, &until);
+        assert_eq!(due.jobs.len(), 1, "only a: b waits for partition 0, c for 1");
+        assert_eq!(due.held, [(0, 300), (1, 200)].into_iter().collect());
+        assert_eq!(w.next_after_ms(1_000), None, "nothing new comes due");
+        assert_eq!(w.next_after_ms(250), Some(300));
+        assert!(w.is_firing(0, &due.jobs[0].1.job.id));
+        w.fired(&due.jobs);
+        assert!(!w.is_firing(0, &due.jobs[0].1.job.id));
+        let until: HashMap<i32, i64> = [(0, 1_000), (1, 1_000)].into_iter().collect();
+        assert_eq!(w.take_due(1_000, 10, &until).jobs.len(), 2);
+    }
+
+    #[test]
+    fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
+        let (_d, s) = store();
+        s.apply(0, &[put("a", 100, 1)], None).unwrap();
+        let mut w = TimerWheel::new(10_000, 100);
+        w.add_partition(0);
+        w.refill(&s, 0).unwrap();
+        let stored = w.entries.values().next().unwrap().job.id;
+        w.changing(0, stored);
+        let d = sj(50, 7);
+        assert!(w.add_direct(key(50, 7), d.clone()).is_none());
+        let taken = w.take_direct_job(0, &d.job.id).expect("direct job taken out");
+        assert_eq!(taken, (key(50, 7), d.clone()));
+        assert!(w.take_direct_job(0, &d.job.id).is_none());
+        assert!(take(&mut w, 1_000, 10).is_empty(), "a is being changed");
+        w.changed([(0, stored)]);
+        assert_eq!(take(&mut w, 1_000, 10).len(), 1);
     }
 }
