@@ -37,7 +37,10 @@
 //! bare relay: the same records written to one topic, copied by a plain
 //! consumer → producer loop to a second topic and read there. That is the
 //! broker work any scheduler in the path adds (in, out, in, out), with no
-//! scheduling at all.
+//! scheduling at all. And a second drain with the rule "a cancel written
+//! before the run-at wins" switched off (jobs fire as soon as they are due,
+//! without first reading their partition up to their run-at): what the
+//! rule costs.
 //!
 //! **(b) Lateness.** Jobs due at a steady rate (10,000 per second) for
 //! `KAIROS_BENCH_SECS` (10), run-ats spread evenly, each written
@@ -47,6 +50,10 @@
 //! fires, − run-at. Both get a verdict against the 10 ms target. Baseline: the raw
 //! pipe's latency at the same rate, each record written at its "run-at" to a
 //! plain topic: the floor any scheduler on this broker and producer sees.
+//! The same jobs then go through a scheduler with the rule "a cancel
+//! written before the run-at wins" switched off (it fires jobs as soon as
+//! they are due, without first reading their schedule partition up to
+//! their run-at): the line "cost of ..." compares the two.
 //! When 10,000/s is not sustained (a job fires over 1 s late: a backlog is
 //! building), the next lower rate of `KAIROS_BENCH_RATE` (default
 //! 10000,5000,2500,1000) is tried, until one is.
@@ -342,9 +349,18 @@ struct Running {
 
 /// Topics created and a scheduler running in this process, owning every
 /// schedule partition.
-fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker) -> (Config, Running) {
+/// Whether the scheduler waits for a job's schedule partition to be read up
+/// to its run-at before firing it (so a cancel written before then wins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    On,
+    /// Fires as soon as jobs are due: the rule's cost is measured against it.
+    Off,
+}
+
+fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker, rule: Rule) -> (Config, Running) {
     let cfg = scheduler_config(rt, broker);
-    let running = spawn_scheduler(rt, &cfg);
+    let running = spawn_scheduler(rt, &cfg, rule);
     let n = cfg.topics.schedule_partitions as usize;
     common::wait_for("scheduler to own its partitions", Duration::from_secs(60), || {
         (running.handle.status().owned.len() == n).then_some(())
@@ -361,14 +377,17 @@ fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
 }
 
 /// A scheduler running in this process (store in a temp dir), not waited for.
-fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config) -> Running {
+fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Running {
     let dir = tempfile::Builder::new()
         .prefix("kairos-bench-e2e-")
         .tempdir_in(std::env::var_os("KAIROS_BENCH_DIR").unwrap_or_else(|| "/tmp".into()))
         .expect("temp dir");
     let mut cfg = cfg.clone();
     cfg.scheduler.data_dir = dir.path().join("store");
-    let s = Scheduler::new(&cfg, kairos::clock::system()).expect("scheduler");
+    let mut s = Scheduler::new(&cfg, kairos::clock::system()).expect("scheduler");
+    if rule == Rule::Off {
+        s = s.fire_unread();
+    }
     let handle = s.handle();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = rt.spawn(s.run(async {
@@ -532,7 +551,7 @@ fn write_past_due(mut w: Writer, bodies: &Bodies, what: &str) -> i64 {
 
 fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
     let n = bodies.keys.len();
-    let (cfg, running) = start_scheduler(rt, broker);
+    let (cfg, running) = start_scheduler(rt, broker, Rule::On);
     let work = cfg.topics.work[0].clone();
     let r = reader(
         &cfg.kafka.brokers,
@@ -585,12 +604,17 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
 /// records and produces N, the same client work as the raw pipe's writer
 /// and reader. The work topic is read back afterwards (untimed) to check
 /// that every job arrived once.
-fn throughput_drain(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies) -> Throughput {
+fn throughput_drain(
+    rt: &tokio::runtime::Runtime,
+    broker: &Broker,
+    bodies: &Bodies,
+    rule: Rule,
+) -> Throughput {
     let n = bodies.keys.len();
     let cfg = scheduler_config(rt, broker);
     let w = Writer::new(&cfg, &cfg.topics.schedule);
     write_past_due(w, bodies, "backlog");
-    let running = spawn_scheduler(rt, &cfg);
+    let running = spawn_scheduler(rt, &cfg, rule);
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut first_ingest = None;
     let mut first_fire = None;
@@ -789,6 +813,7 @@ fn main() {
         let mut kai = Vec::new();
         let mut relays = Vec::new();
         let mut drains = Vec::new();
+        let mut drains_off = Vec::new();
         for round in 1..=rounds {
             let raw = throughput_raw(&rt, &broker, &bodies);
             println!(
@@ -797,7 +822,7 @@ fn main() {
                 raw.secs,
                 raw.written_secs
             );
-            let d = throughput_drain(&rt, &broker, &bodies);
+            let d = throughput_drain(&rt, &broker, &bodies, Rule::On);
             println!(
                 "  round {round} drain  {:>9.0} fired/s    ({:.2} s from the first job ingested to the last fire acked, all ingested at {}, {} duplicates)",
                 d.rate(n),
@@ -806,6 +831,15 @@ fn main() {
                 d.duplicates
             );
             drains.push(d.rate(n) / raw.rate(n));
+            // The same drain with the rule off: what waiting to have read a
+            // job's partition up to its run-at costs here.
+            let off = throughput_drain(&rt, &broker, &bodies, Rule::Off);
+            println!(
+                "  round {round} drain, rule off {:>9.0} fired/s ({:.2} s; reference: fires as soon as due, a cancel not yet read loses)",
+                off.rate(n),
+                off.secs,
+            );
+            drains_off.push(off.rate(n) / raw.rate(n));
             raws.push(raw.rate(n));
             if !pipelined {
                 continue;
@@ -860,6 +894,15 @@ fn main() {
         );
         println!("  {line}");
         summary.push(line);
+        let off = mean(&drains_off);
+        let line = format!(
+            "cost of 'a cancel written before the run-at wins' on the drain: {drain:.2} vs {off:.2} of the raw pipe with the rule off \
+             (on/off = {:.2}; off per round {})",
+            drain / off,
+            drains_off.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+        );
+        println!("  {line}");
+        summary.push(line);
     }
     if only.is_empty() || only == "lateness" {
         for (k, rate) in rates.iter().copied().enumerate() {
@@ -871,7 +914,7 @@ fn main() {
             let (raw_cfg, raw_t) = raw_topic(&rt, &broker);
             let raw = paced(&raw_cfg, &raw_t, &raw_t, &bodies, rate, 0);
             report_lateness("raw", &raw);
-            let (cfg, running) = start_scheduler(&rt, &broker);
+            let (cfg, running) = start_scheduler(&rt, &broker, Rule::On);
             let kl = paced(
                 &cfg,
                 &cfg.topics.schedule,
@@ -884,6 +927,32 @@ fn main() {
             running.stop(&rt);
             report_lateness("kairos", &kl);
             eprintln!("  kairos status after: {st:?}");
+            // The same jobs with the rule off (jobs fire as soon as due, a
+            // cancel not yet read loses): what the rule costs.
+            let (off_cfg, off_running) = start_scheduler(&rt, &broker, Rule::Off);
+            let off = paced(
+                &off_cfg,
+                &off_cfg.topics.schedule,
+                &off_cfg.topics.work[0],
+                &bodies,
+                rate,
+                LEAD_MS,
+            );
+            off_running.stop(&rt);
+            report_lateness("rule off", &off);
+            let line = format!(
+                "cost of 'a cancel written before the run-at wins' at {rate}/s: fire time − run-at p99 {:.0} ms vs {:.0} ms \
+                 with the rule off (p50 {:.0} vs {:.0}, max {:.0} vs {:.0}); consume − run-at p99 ratio on/off = {:.2}",
+                pct(&kl.created, 0.99),
+                pct(&off.created, 0.99),
+                pct(&kl.created, 0.5),
+                pct(&off.created, 0.5),
+                kl.created.last().copied().unwrap_or(f64::NAN),
+                off.created.last().copied().unwrap_or(f64::NAN),
+                pct(&kl.consumed, 0.99) / pct(&off.consumed, 0.99),
+            );
+            println!("  {line}");
+            summary.push(line);
             let p99 = pct(&kl.consumed, 0.99);
             let raw_p99 = pct(&raw.consumed, 0.99);
             let max = kl.consumed.last().copied().unwrap_or(f64::NAN);

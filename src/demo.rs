@@ -3,9 +3,10 @@
 //! Starts a development broker (unless one is given), the scheduler and a
 //! worker running the [example handler](crate::example), writes sample jobs
 //! for a few dozen keys (some due now, most delayed by a few seconds, some
-//! failing once and retried, a few failing for good), and prints what
-//! happens, then a summary that checks the guarantees: nothing lost, nothing
-//! early, no two jobs of a key at once, each key's jobs in order.
+//! failing once and retried, a few failing for good, a few cancelled or
+//! rescheduled before their run-at), and prints what happens, then a summary
+//! that checks the guarantees: nothing lost, nothing early, no two jobs of a
+//! key at once, each key's jobs in order, cancels and reschedules obeyed.
 
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
@@ -61,7 +62,17 @@ pub struct DemoSummary {
     pub out_of_order: usize,
     /// Start lateness (start minus run-at) of delayed first attempts: p50, p99, max, in ms.
     pub lateness_ms: (i64, i64, i64),
+    /// Delayed jobs cancelled before their run-at.
+    pub cancelled: usize,
+    /// Delayed jobs moved later before their run-at.
+    pub rescheduled: usize,
+    /// Runs of cancelled jobs, and runs of rescheduled jobs at their old
+    /// time or more than once (must be 0).
+    pub changes_ignored: usize,
 }
+
+/// How much later the demo's rescheduled jobs run.
+const MOVED_BY_MS: i64 = 2_000;
 
 /// Why the demo failed.
 #[derive(Debug, thiserror::Error)]
@@ -205,16 +216,41 @@ pub async fn run(
     for r in futures::future::join_all(writes).await {
         r.map_err(failed)?;
     }
+    // A few delayed jobs that would succeed: cancelled, or moved later.
+    let steady: Vec<&Job> = jobs
+        .iter()
+        .filter(|j| j.run_at >= delayed_from && !String::from_utf8_lossy(&j.payload).contains("fail"))
+        .collect();
+    let cancelled: HashSet<JobId> = steady.iter().step_by(20).map(|j| j.id).collect();
+    let moved: HashMap<JobId, DateTime<Utc>> = steady
+        .iter()
+        .skip(10)
+        .step_by(20)
+        .map(|j| {
+            let at = crate::job::truncate_to_millis(j.run_at + chrono::Duration::milliseconds(MOVED_BY_MS));
+            (j.id, at)
+        })
+        .collect();
+    for id in &cancelled {
+        producer.cancel(*id).await.map_err(failed)?;
+    }
+    for (id, at) in &moved {
+        producer.reschedule(*id, *at).await.map_err(failed)?;
+    }
     let written: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     println!(
-        "producer   wrote {} jobs for {} keys: {} due now, {} delayed up to {:?}; {} fail once, {} always fail\n",
+        "producer   wrote {} jobs for {} keys: {} due now, {} delayed up to {:?}; {} fail once, {} always fail;\n           \
+         then cancelled {} and moved {} others {} s later, all before their run-at\n",
         jobs.len(),
         opts.keys,
         jobs.len().div_ceil(5),
         jobs.len() - jobs.len().div_ceil(5),
         opts.max_delay,
         flaky,
-        doomed
+        doomed,
+        cancelled.len(),
+        moved.len(),
+        MOVED_BY_MS / 1000
     );
     println!(
         "{:<13} {:<9} {:<9} {:>7} {:>9}  outcome",
@@ -223,15 +259,20 @@ pub async fn run(
 
     let mut s = DemoSummary {
         written: jobs.len(),
+        cancelled: cancelled.len(),
+        rescheduled: moved.len(),
         ..Default::default()
     };
+    let mut moved_runs: HashSet<JobId> = HashSet::new();
+    let mut ran_cancelled = 0;
+    let expected = written.len() - cancelled.len();
     let mut finished: HashSet<JobId> = HashSet::new();
     let mut runs: HashMap<Vec<u8>, Vec<Interval>> = HashMap::new();
     let mut last_first_attempt: HashMap<Vec<u8>, DateTime<Utc>> = HashMap::new();
     let mut late: Vec<i64> = Vec::new();
     let mut shown = 0;
     let deadline = tokio::time::Instant::now() + opts.max_delay + Duration::from_secs(60);
-    while finished.len() < written.len() {
+    while finished.len() < expected {
         let ev = match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(ev)) => ev,
             _ => break,
@@ -240,6 +281,25 @@ pub async fn run(
         let Some(original) = written.get(&job.id) else {
             continue;
         };
+        if cancelled.contains(&job.id) {
+            s.changes_ignored += 1;
+            ran_cancelled += 1;
+            println!(
+                "{:<13} {:<9} cancelled job ran",
+                ev.started.format("%H:%M:%S%.3f"),
+                job.key_lossy()
+            );
+        }
+        if let Some(at) = moved.get(&job.id) {
+            if job.attempt == 1 && (job.run_at != *at || !moved_runs.insert(job.id)) {
+                s.changes_ignored += 1;
+                println!(
+                    "{:<13} {:<9} rescheduled job ran at its old time or twice",
+                    ev.started.format("%H:%M:%S%.3f"),
+                    job.key_lossy()
+                );
+            }
+        }
         let late_ms = (ev.started - job.run_at).num_milliseconds();
         if late_ms < 0 {
             s.early += 1;
@@ -314,23 +374,37 @@ pub async fn run(
         "\nsummary    {} jobs written: {} done, {} dead-lettered, {} retries\n           \
          {} lost, {} ran early, {} keys out of order, {} same-key overlaps (the worker's lock table)\n           \
          delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
+         {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
         s.done,
         s.dead,
         s.retries,
-        s.written - finished.len(),
+        expected.saturating_sub(finished.len()),
         s.early,
         s.out_of_order,
         s.overlaps,
         s.lateness_ms.0,
         s.lateness_ms.1,
         s.lateness_ms.2,
+        s.cancelled,
+        ran_cancelled,
+        s.rescheduled,
+        moved_runs.len(),
+        s.changes_ignored - ran_cancelled,
         ws.started,
         ws.owned
     );
-    if finished.len() != s.written || s.early > 0 || s.out_of_order > 0 || s.overlaps > 0 {
-        return Err(failed("the demo saw lost, early or out-of-order jobs"));
+    if finished.len() != expected
+        || s.early > 0
+        || s.out_of_order > 0
+        || s.overlaps > 0
+        || s.changes_ignored > 0
+        || moved_runs.len() != moved.len()
+    {
+        return Err(failed(
+            "the demo saw lost, early or out-of-order jobs, or an ignored cancel or reschedule",
+        ));
     }
     Ok(s)
 }

@@ -22,9 +22,11 @@
 //! job's run-at takes effect: a job fires only once every record written
 //! to its schedule partition before its run-at has been ingested (checked
 //! against the partition's end offset, or a newer record's timestamp less
-//! `max_clock_skew`). One that meets its job being fired is too late (the
-//! job fires as it was; counted in `Status::too_late`); one read after the
-//! fire finds nothing to change.
+//! `max_clock_skew`). A cancel or reschedule that meets its job being
+//! fired is too late (the job fires as it was; counted in
+//! `Status::too_late`); one read after the fire finds nothing to change. A
+//! job put again under its id while it fires (a worker's retry) is a new
+//! job.
 //!
 //! A record of the schedule topic is committed only once its effect is in
 //! the local store (flushed to disk) *and* in the changelog (acknowledged by

@@ -94,7 +94,7 @@ pub struct Status {
     pub fired_direct: u64,
     /// Cancels applied since start.
     pub cancelled: u64,
-    /// Cancels, reschedules and replacements that met their job being fired
+    /// Cancels and reschedules that met their job being fired
     /// (too late: the job fires as it was) since start.
     pub too_late: u64,
     /// Records read again that had been handled before (their offsets were
@@ -143,6 +143,9 @@ struct Shared {
     probe: SyncSender<()>,
     /// The probe thread's end of `probe`, taken by `run`.
     probe_inbox: Mutex<Option<Receiver<()>>>,
+    /// Fire due jobs without waiting for their partition to be read up to
+    /// their run-at (benchmarks measure the rule's cost against this).
+    fire_unread: std::sync::atomic::AtomicBool,
     stats: Stats,
 }
 
@@ -217,6 +220,7 @@ impl Scheduler {
                 caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
                 probe,
                 probe_inbox: Mutex::new(Some(probe_inbox)),
+                fire_unread: std::sync::atomic::AtomicBool::new(false),
                 stats: Stats::default(),
             }),
         })
@@ -231,6 +235,16 @@ impl Scheduler {
     /// manual clock call this after moving it).
     pub fn wake(&self) {
         self.shared.wake.notify_one();
+    }
+
+    /// Fire due jobs as soon as they are due, without first reading their
+    /// schedule partition up to their run-at: a cancel written before the
+    /// run-at but not yet read then loses. Not for production; benchmarks
+    /// measure what the rule costs against it.
+    #[doc(hidden)]
+    pub fn fire_unread(self) -> Self {
+        self.shared.fire_unread.store(true, Ordering::Relaxed);
+        self
     }
 
     /// A handle for reading status and waking the dispatcher while `run` goes on.
@@ -539,9 +553,12 @@ impl PartitionBatch {
         self.ids.entry(id).or_default().now = Some(at);
     }
 
-    /// Whether the job `id` was being fired when the batch was read.
+    /// Whether a change to job `id` comes too late: the job was being
+    /// fired when the batch was read, and the batch has not put it again.
     fn too_late(&self, id: &JobId) -> bool {
-        self.ids.get(id).is_some_and(|n| matches!(n.claim, Claim::Firing))
+        self.ids
+            .get(id)
+            .is_some_and(|n| matches!(n.claim, Claim::Firing) && n.now.is_none())
     }
 
     /// Offsets of direct jobs the batch cancels or replaces: they stop
@@ -577,7 +594,8 @@ enum Claim {
     /// until the batch is applied.
     #[default]
     Held,
-    /// Being fired: a change comes too late.
+    /// Being fired: a cancel or reschedule comes too late (a put is a new
+    /// job, such as a worker's retry of it).
     Firing,
     /// A direct job (not stored), taken out of the window by the batch.
     Direct(StoredJob),
@@ -769,11 +787,10 @@ fn ingest_batch(
         let (p, offset) = (m.partition(), m.offset());
         let pb = parts.get_mut(&p).expect("every partition read has a batch");
         match c {
+            // A job put again while it is being fired (a worker's retry of
+            // it, or a re-send) is a new job: it replaces the one in the
+            // store, and fires in its turn.
             Ok(Command::Schedule(job)) => {
-                if pb.too_late(&job.id) {
-                    too_late(shared, "replace", p, offset, &job.id);
-                    continue;
-                }
                 debug!(job_id = %job.id, key = %job.key_lossy(), partition = p, offset,
                     run_at = %wire::format_time(job.run_at), "scheduled");
                 let sj = StoredJob {
@@ -1251,7 +1268,10 @@ async fn dispatch_loop(shared: Arc<Shared>) {
         let now = shared.clock.now().timestamp_millis();
         // Read before the window: `until` only grows, so a stale copy only
         // holds jobs back a little longer.
-        let until = shared.caught_up().snapshot();
+        let mut until = shared.caught_up().snapshot();
+        if shared.fire_unread.load(Ordering::Relaxed) {
+            until.values_mut().for_each(|u| *u = i64::MAX);
+        }
         let (due, direct, parts, wake_at, held) = {
             let mut w = shared.wheel();
             if w.refill_due_ms().is_some_and(|t| t <= now) {
@@ -1314,7 +1334,7 @@ async fn dispatch_loop(shared: Arc<Shared>) {
 #[derive(Default)]
 struct Holding {
     /// Since when jobs have been held, and when that was last logged.
-    since: Option<(Instant, Instant)>,
+    since: Option<(Instant, Option<Instant>)>,
 }
 
 /// How long jobs may be held before the dispatcher logs it (then again as often).
@@ -1323,8 +1343,8 @@ const HELD_WARNING: Duration = Duration::from_secs(5);
 impl Holding {
     fn update(&mut self, shared: &Shared, held: &HashMap<i32, i64>, now_ms: i64) {
         if held.is_empty() {
-            if self.since.take().is_some() {
-                info!("held jobs released: schedule partitions read up to their run-at");
+            if let Some((since, Some(_))) = self.since.take() {
+                info!(held_for = ?since.elapsed(), "held jobs released: schedule partitions read up to their run-at");
             }
             return;
         }
@@ -1336,9 +1356,9 @@ impl Holding {
             // Full: a probe is asked for already.
             let _ = shared.probe.try_send(());
         }
-        let (since, logged) = self.since.get_or_insert((Instant::now(), Instant::now()));
-        if logged.elapsed() >= HELD_WARNING {
-            *logged = Instant::now();
+        let (since, logged) = self.since.get_or_insert((Instant::now(), None));
+        if logged.unwrap_or(*since).elapsed() >= HELD_WARNING {
+            *logged = Some(Instant::now());
             for (p, due_ms) in held {
                 let (read_to, end) = gate.progress(*p).unwrap_or((-1, None));
                 warn!(partition = p, held_for = ?since.elapsed(), latest_held_late_ms = now_ms - due_ms,
