@@ -372,6 +372,12 @@ fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker, rule: Rule) ->
 fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
     let mut cfg = broker.config();
     cfg.scheduler.group_id = common::unique("bench-sched");
+    // The test broker answers a fetch in bursts (about every 250 ms under a
+    // steady stream) rather than as soon as data arrives, as Kafka does; the
+    // readers here wait at most 10 ms, and so does the scheduler's consumer.
+    // The scheduler reads its partitions up to a job's run-at before firing
+    // it, so its read delay is part of the fire time.
+    cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "10".into());
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
     cfg
 }

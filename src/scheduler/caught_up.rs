@@ -2,18 +2,21 @@
 //! that a cancel or reschedule acknowledged before a job's run-at wins.
 //!
 //! A job due at `R` may fire only once every schedule record written
-//! before `R` has been ingested, so that a cancel, reschedule or replace
+//! before `R` has been read, so that a cancel, reschedule or replace
 //! waiting in the partition (after a restart, a take-over, or while ingest
-//! lags) is applied first. For each partition this module keeps `until`:
-//! every record written before that instant is applied. Two signals move it:
+//! lags) takes effect first. A record counts as read once ingest holds back
+//! the job it names until its change is applied (see the window's
+//! `changing`), so firing does not wait for the batch to be persisted. For
+//! each partition this module keeps `until`: every record written before
+//! that instant is read. Two signals move it:
 //!
 //! - **Probes** (exact): the scheduler notes the time `t`, asks the broker
 //!   for the partition's end offset `e` (every record acknowledged before `t`
-//!   sits below `e`), and once ingest has applied every record below `e`,
+//!   sits below `e`), and once ingest has read every record below `e`,
 //!   `until` moves to `t`. A probe is asked for only while due jobs wait.
 //! - **Record timestamps** (fast, trusting clocks): a record created at `c`
 //!   was appended after every record acknowledged before `c`; once it is
-//!   applied, `until` moves to `c - max_clock_skew`. This keeps a backlog
+//!   read, `until` moves to `c - max_clock_skew`. This keeps a backlog
 //!   firing while ingest works through it.
 //!
 //! The state is a few numbers per owned partition; nothing per job.
@@ -32,12 +35,12 @@ struct Probe {
 /// One owned partition.
 #[derive(Debug)]
 struct Part {
-    /// Every record below this offset is applied.
+    /// Every record below this offset is read.
     next: i64,
     /// Records below this offset were handled before (and their offsets not
     /// committed): reading them again changes nothing.
     skip_below: i64,
-    /// Every record written before this instant (ms) is applied.
+    /// Every record written before this instant (ms) is read.
     until_ms: i64,
     /// Probes answered, waiting for ingest to reach their end (oldest first,
     /// at most two: the oldest and the newest).
@@ -90,7 +93,7 @@ impl CaughtUp {
         self.parts.get(&partition).is_some_and(|p| offset < p.skip_below)
     }
 
-    /// Every record of `partition` below `next` is applied; the latest
+    /// Every record of `partition` below `next` is read; the latest
     /// creation time among them is `created_ms`. Returns whether `until` moved.
     pub fn ingested(&mut self, partition: i32, next: i64, created_ms: Option<i64>) -> bool {
         let skew = self.skew_ms;

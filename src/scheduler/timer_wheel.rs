@@ -80,8 +80,9 @@ pub struct TimerWheel {
     direct_ids: HashMap<(i32, JobId), DueKey>,
     /// Jobs taken for firing and not yet finished.
     firing: HashSet<(i32, JobId)>,
-    /// Jobs an ingest batch is changing: not taken until it is applied.
-    changing: HashSet<(i32, JobId)>,
+    /// Jobs ingest batches are changing, with how many batches: not taken
+    /// until every one of them is applied.
+    changing: HashMap<(i32, JobId), u32>,
 }
 
 /// What [`TimerWheel::take_due`] found.
@@ -105,7 +106,7 @@ impl TimerWheel {
             direct: HashSet::default(),
             direct_ids: HashMap::default(),
             firing: HashSet::default(),
-            changing: HashSet::default(),
+            changing: HashMap::default(),
         }
     }
 
@@ -120,7 +121,7 @@ impl TimerWheel {
         self.entries.retain(|k, _| k.partition != partition);
         self.direct.retain(|k| k.partition != partition);
         self.direct_ids.retain(|(p, _), _| *p != partition);
-        self.changing.retain(|(p, _)| *p != partition);
+        self.changing.retain(|(p, _), _| *p != partition);
     }
 
     /// Whether a direct job at `k` may enter: its partition is mirrored up
@@ -168,13 +169,18 @@ impl TimerWheel {
     /// An ingest batch is changing job `id` of `partition`: it is not taken
     /// until [`TimerWheel::changed`].
     pub fn changing(&mut self, partition: i32, id: JobId) {
-        self.changing.insert((partition, id));
+        *self.changing.entry((partition, id)).or_default() += 1;
     }
 
-    /// The changes of `ids` are applied.
+    /// A batch's changes of `ids` are applied.
     pub fn changed(&mut self, ids: impl IntoIterator<Item = (i32, JobId)>) {
         for k in ids {
-            self.changing.remove(&k);
+            if let Some(n) = self.changing.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.changing.remove(&k);
+                }
+            }
         }
     }
 
@@ -372,7 +378,7 @@ impl TimerWheel {
                 *h = (*h).max(k.run_at_ms);
                 skipped = true;
             } else if !self.mirrors(k)
-                || (!self.changing.is_empty() && self.changing.contains(&(k.partition, j.job.id)))
+                || (!self.changing.is_empty() && self.changing.contains_key(&(k.partition, j.job.id)))
             {
                 skipped = true;
             } else {
