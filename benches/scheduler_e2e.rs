@@ -920,31 +920,27 @@ fn main() {
             let (raw_cfg, raw_t) = raw_topic(&rt, &broker);
             let raw = paced(&raw_cfg, &raw_t, &raw_t, &bodies, rate, 0);
             report_lateness("raw", &raw);
-            let (cfg, running) = start_scheduler(&rt, &broker, Rule::On);
-            let kl = paced(
-                &cfg,
-                &cfg.topics.schedule,
-                &cfg.topics.work[0],
-                &bodies,
-                rate,
-                LEAD_MS,
-            );
-            let st = running.handle.status();
-            running.stop(&rt);
+            // The same jobs through a scheduler with the rule on, then off
+            // (jobs fire as soon as due, a cancel not yet read loses): what
+            // the rule costs.
+            let through_scheduler = |rule: Rule| {
+                let (cfg, running) = start_scheduler(&rt, &broker, rule);
+                let l = paced(
+                    &cfg,
+                    &cfg.topics.schedule,
+                    &cfg.topics.work[0],
+                    &bodies,
+                    rate,
+                    LEAD_MS,
+                );
+                let st = running.handle.status();
+                running.stop(&rt);
+                (l, st)
+            };
+            let (kl, st) = through_scheduler(Rule::On);
             report_lateness("kairos", &kl);
             eprintln!("  kairos status after: {st:?}");
-            // The same jobs with the rule off (jobs fire as soon as due, a
-            // cancel not yet read loses): what the rule costs.
-            let (off_cfg, off_running) = start_scheduler(&rt, &broker, Rule::Off);
-            let off = paced(
-                &off_cfg,
-                &off_cfg.topics.schedule,
-                &off_cfg.topics.work[0],
-                &bodies,
-                rate,
-                LEAD_MS,
-            );
-            off_running.stop(&rt);
+            let (off, _) = through_scheduler(Rule::Off);
             report_lateness("rule off", &off);
             let line = format!(
                 "cost of 'a cancel written before the run-at wins' at {rate}/s: fire time − run-at p99 {:.0} ms vs {:.0} ms \

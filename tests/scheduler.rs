@@ -35,7 +35,11 @@ struct Running {
 }
 
 fn start(cfg: &Config) -> Running {
-    let s = Scheduler::new(cfg, kairos::clock::system()).expect("scheduler");
+    start_with_clock(cfg, kairos::clock::system())
+}
+
+fn start_with_clock(cfg: &Config, clock: kairos::clock::SharedClock) -> Running {
+    let s = Scheduler::new(cfg, clock).expect("scheduler");
     let handle = s.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(s.run(async {
@@ -463,6 +467,13 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
     fresh.stop().await;
 }
 
+/// `n` jobs on keys `key-0`.. due at `at`.
+fn due_at(work: &str, n: usize, at: chrono::DateTime<Utc>) -> Vec<Job> {
+    (0..n)
+        .map(|i| Job::new(work, format!("key-{i}"), b"x".to_vec()).at(at))
+        .collect()
+}
+
 /// How the first scheduler goes away in [`changes_written_while_the_scheduler_is_down_win`].
 #[derive(Clone, Copy, Debug)]
 enum Down {
@@ -487,9 +498,7 @@ async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
     let producer = Producer::new(&cfg).unwrap();
     let first = spawn_scheduler(&cfg);
     let run_at = Utc::now() + chrono::Duration::seconds(6);
-    let jobs: Vec<Job> = (0..30)
-        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(run_at))
-        .collect();
+    let jobs = due_at(&work, 30, run_at);
     let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
     enqueue_all(&producer, jobs).await;
     let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
@@ -600,17 +609,7 @@ async fn a_cancel_behind_a_backlog_still_wins() {
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let clock = kairos::ManualClock::new(Utc::now());
-    let s = Scheduler::new(&cfg, std::sync::Arc::new(clock.clone())).expect("scheduler");
-    let handle = s.handle();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(s.run(async {
-        let _ = rx.await;
-    }));
-    let running = Running {
-        stop: Some(tx),
-        task,
-        handle,
-    };
+    let running = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&running, 3);
     let producer = Producer::new(&cfg).unwrap();
     let run_at = Utc::now() + chrono::Duration::hours(1);
@@ -666,11 +665,11 @@ async fn records_read_again_after_a_kill_do_not_fire_again(fresh_store: bool) {
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
     let first = spawn_scheduler(&cfg);
-    let run_at = Utc::now() + chrono::Duration::seconds(3);
-    let jobs: Vec<Job> = (0..200)
-        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()).at(run_at))
-        .collect();
-    let expected = enqueue_all(&producer, jobs).await;
+    let expected = enqueue_all(
+        &producer,
+        due_at(&work, 200, Utc::now() + chrono::Duration::seconds(3)),
+    )
+    .await;
     read_n(&cfg.kafka.brokers, &work, expected.len(), T);
     // Their deletions are in the changelog (the scheduler dying before that
     // is the documented duplicate window, not this one).

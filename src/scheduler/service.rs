@@ -1,19 +1,22 @@
 //! The running scheduler: ingest, dispatch and partition moves.
 //!
-//! - **Ingest** runs on its own thread with a blocking consumer, so that the
-//!   rebalance callbacks can do their work (drain firing, rebuild from the
-//!   changelog) before a partition is released or consumed. For each batch
-//!   of schedule records it writes the changelog, applies the changes to
-//!   the store, flushes, and only then stores the offsets for commit.
+//! - **Ingest** ([`ingest`]) reads on its own thread with a blocking
+//!   consumer, so that the rebalance callbacks can do their work (drain
+//!   firing, rebuild from the changelog) before a partition is released or
+//!   consumed, and applies on a second one: for each batch of schedule
+//!   records it writes the changelog, applies the changes to the store,
+//!   flushes, and only then lets the offsets be committed.
+//! - **Probes** (a thread): the end offsets of schedule partitions whose due
+//!   jobs wait to have their partition read up to their run-at.
 //! - **Dispatch** is a task that sleeps until the earliest job in the
 //!   window is due (or a newly ingested job is due sooner, or the window
-//!   needs a refill), fires due jobs into their work topics, then tombstones
-//!   and deletes them.
+//!   needs a refill, or a partition has been read further), fires due jobs
+//!   into their work topics, then tombstones and deletes them.
 //! - **Revocation**: a revoked partition leaves the window first, then the
-//!   callback waits for any fire in flight from it, commits, and lets go.
-//!   **Assignment**: the store catches up with the partition's changelog
-//!   from its checkpoint before the partition enters the window or a record
-//!   of it is ingested.
+//!   callback waits for any fire in flight from it and for the batches read
+//!   from it to be applied, commits, and lets go. **Assignment**: the store
+//!   catches up with the partition's changelog from its checkpoint before
+//!   the partition enters the window or a record of it is ingested.
 
 mod ingest;
 
