@@ -1,6 +1,6 @@
 //! The running scheduler: ingest, dispatch and partition moves.
 //!
-//! - **Ingest** ([`ingest`]) reads on its own thread with a blocking
+//! - **Ingest** (`ingest`) reads on its own thread with a blocking
 //!   consumer, so that the rebalance callbacks can do their work (drain
 //!   firing, rebuild from the changelog) before a partition is released or
 //!   consumed, and applies on a second one: for each batch of schedule
