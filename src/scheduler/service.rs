@@ -492,9 +492,9 @@ impl ConsumerContext for Ctx {
 }
 
 /// For each of `parts` (just assigned), where ingest starts reading and
-/// below which records were handled before: the committed offset (or the
-/// partition's start, when none is) and the store's checkpoint, whichever is
-/// further.
+/// below which records were handled before: the committed offset (or where
+/// `auto.offset.reset` starts, when none is) and the store's checkpoint,
+/// whichever is further.
 fn reading_from(
     shared: &Shared,
     consumer: &BaseConsumer<Ctx>,
@@ -507,14 +507,28 @@ fn reading_from(
         tpl.add_partition(topic, *p);
     }
     let committed = consumer.committed_offsets(tpl, timeout)?;
+    // Kairos's default is "earliest"; a user may choose the end.
+    let resets_to_end = shared
+        .cfg
+        .kafka
+        .consumer
+        .get("auto.offset.reset")
+        .is_some_and(|v| matches!(v.0.as_str(), "latest" | "end" | "largest"));
     parts
         .iter()
         .map(|p| {
             let handled = shared.store.checkpoint(*p)?.schedule_next;
             let from = match committed.find_partition(topic, *p).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => o,
-                // Nothing committed: read from the start (`auto.offset.reset`).
-                _ => consumer.fetch_watermarks(topic, *p, timeout)?.0,
+                // Nothing committed: where `auto.offset.reset` starts.
+                _ => {
+                    let (low, high) = consumer.fetch_watermarks(topic, *p, timeout)?;
+                    if resets_to_end {
+                        high
+                    } else {
+                        low
+                    }
+                }
             };
             Ok((from.max(handled), handled))
         })
