@@ -1421,6 +1421,24 @@ mod tests {
         (dir, s)
     }
 
+    /// Open the store in `dir` again, once the dropped handle's file lock is
+    /// gone (sled lets it go from a background thread shortly after the drop;
+    /// the test failed once on a loaded machine opening too soon).
+    fn reopen(dir: &Path) -> Result<Store, StoreError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Store::open(dir, 1 << 20) {
+                Err(StoreError::Sled(sled::Error::Io(e)))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Cascade `p` until its cascade point reaches `until`.
     fn cascade_to(s: &Store, p: i32, until: i64) {
         while s.cascade(p, until).unwrap() < until {}
@@ -1565,12 +1583,12 @@ mod tests {
     fn survives_reopen_and_clears_one_partition() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let s = Store::open(dir.path(), 1 << 20).unwrap();
+            let s = reopen(dir.path()).unwrap();
             s.apply(0, &[put(&job("a", 1), 1)], Some(7)).unwrap();
             s.apply(1, &[put(&job("b", 1), 1)], Some(3)).unwrap();
             s.flush().unwrap();
         }
-        let s = Store::open(dir.path(), 1 << 20).unwrap();
+        let s = reopen(dir.path()).unwrap();
         let cp = s.checkpoint(0).unwrap();
         assert_eq!((cp.changelog_next, cp.pending), (7, 1));
         s.clear_partition(0).unwrap();
@@ -1740,7 +1758,7 @@ mod tests {
             s.flush().unwrap();
             if round % 7 == 6 {
                 drop(s);
-                s = Store::open(d.path(), 1 << 20).unwrap();
+                s = reopen(d.path()).unwrap();
                 s.log.set_segment_bytes(32 << 10);
                 s.check_log();
             }
@@ -1814,7 +1832,7 @@ mod tests {
 
         // An orphan (a batch cut off by a crash) goes on open.
         std::fs::write(dir.join("0000999999.seg"), b"orphan").unwrap();
-        let s = Store::open(d.path(), 1 << 20).unwrap();
+        let s = reopen(d.path()).unwrap();
         assert!(!dir.join("0000999999.seg").exists());
         s.check_log();
         for id in &far_ids {
@@ -1836,6 +1854,6 @@ mod tests {
         drop(s);
         // A segment the store points into, gone: the store does not open.
         std::fs::remove_file(&path).unwrap();
-        assert!(Store::open(d.path(), 1 << 20).is_err());
+        assert!(reopen(d.path()).is_err());
     }
 }
