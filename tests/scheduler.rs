@@ -351,12 +351,13 @@ fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_with_sigkill_loses_no_job() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::system::config(&broker, &dir.path().join("a"));
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let producer = Producer::new(&cfg).unwrap();
+    let SetUp {
+        _broker,
+        dir: _dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|_| {}).await;
     let mut child = spawn_scheduler(&cfg);
     let mut expected: HashMap<JobId, i64> = HashMap::new();
     // 3 rounds: write 600 jobs due over the next 3 seconds, kill -9 the
@@ -432,12 +433,13 @@ async fn a_partition_moving_between_two_instances_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_changelog() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::system::config(&broker, &dir.path().join("a"));
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let producer = Producer::new(&cfg).unwrap();
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|_| {}).await;
     let first = start(&cfg);
     wait_owned(&first, 3);
     let at = Utc::now() + chrono::Duration::days(1);
@@ -467,6 +469,33 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
     fresh.stop().await;
 }
 
+/// A broker, a configuration (its store under `dir/a`, tuned by `tune`
+/// before its topics are created), the topics, and a producer.
+struct SetUp {
+    /// Kept alive for the test (the broker stops when dropped).
+    _broker: Broker,
+    /// Kept alive for the test (the stores live under it).
+    dir: tempfile::TempDir,
+    cfg: Config,
+    work: String,
+    producer: Producer,
+}
+
+async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::system::config(&broker, &dir.path().join("a"));
+    tune(&mut cfg);
+    kairos::topics::init(&cfg).await.unwrap();
+    SetUp {
+        work: cfg.topics.work[0].clone(),
+        producer: Producer::new(&cfg).unwrap(),
+        _broker: broker,
+        dir,
+        cfg,
+    }
+}
+
 /// `n` jobs on keys `key-0`.. due at `at`.
 fn due_at(work: &str, n: usize, at: chrono::DateTime<Utc>) -> Vec<Job> {
     (0..n)
@@ -490,12 +519,13 @@ enum Down {
 /// (or another instance takes over) with the changes still unread in the
 /// schedule topic.
 async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::system::config(&broker, &dir.path().join("a"));
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let producer = Producer::new(&cfg).unwrap();
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|_| {}).await;
     let first = spawn_scheduler(&cfg);
     let run_at = Utc::now() + chrono::Duration::seconds(6);
     let jobs = due_at(&work, 30, run_at);
@@ -601,17 +631,20 @@ async fn changes_written_while_the_partitions_moved_win() {
 /// run-at comes while the backlog is surely unread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_behind_a_backlog_still_wins() {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::system::config(&broker, dir.path());
-    // Small batches: each costs a changelog write and an fsync, so ingest lags.
-    cfg.scheduler.ingest_batch = 10;
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
+    let SetUp {
+        _broker,
+        dir: _dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|cfg| {
+        // Small batches: each costs a changelog write and an fsync, so ingest lags.
+        cfg.scheduler.ingest_batch = 10;
+    })
+    .await;
     let clock = kairos::ManualClock::new(Utc::now());
     let running = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&running, 3);
-    let producer = Producer::new(&cfg).unwrap();
     let run_at = Utc::now() + chrono::Duration::hours(1);
     let doomed = producer
         .enqueue(Job::new(&work, "k", b"doomed".to_vec()))
@@ -654,16 +687,19 @@ async fn a_cancel_behind_a_backlog_still_wins() {
 /// instance rebuilding from the changelog) reads those records again and
 /// skips them, instead of firing their jobs a second time.
 async fn records_read_again_after_a_kill_do_not_fire_again(fresh_store: bool) {
-    let broker = Broker::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::system::config(&broker, &dir.path().join("a"));
-    // No commit before the kill.
-    cfg.kafka
-        .consumer
-        .insert("auto.commit.interval.ms".into(), "600000".into());
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let producer = Producer::new(&cfg).unwrap();
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|cfg| {
+        // No commit before the kill.
+        cfg.kafka
+            .consumer
+            .insert("auto.commit.interval.ms".into(), "600000".into());
+    })
+    .await;
     let first = spawn_scheduler(&cfg);
     let expected = enqueue_all(
         &producer,

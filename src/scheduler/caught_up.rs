@@ -88,9 +88,10 @@ impl CaughtUp {
         self.parts.remove(&partition);
     }
 
-    /// Whether the record at `offset` of `partition` was handled before.
-    pub fn skip(&self, partition: i32, offset: i64) -> bool {
-        self.parts.get(&partition).is_some_and(|p| offset < p.skip_below)
+    /// Per owned partition, the offset below which records were handled
+    /// before (reading them again changes nothing).
+    pub fn handled_below(&self) -> HashMap<i32, i64> {
+        self.parts.iter().map(|(k, p)| (*k, p.skip_below)).collect()
     }
 
     /// Every record of `partition` below `next` is read; the latest
@@ -254,11 +255,10 @@ mod tests {
     fn records_handled_before_are_skipped_and_count_as_read() {
         let mut c = CaughtUp::new(0);
         c.assign(0, 4, 9);
-        assert!(c.skip(0, 8));
-        assert!(!c.skip(0, 9));
+        assert_eq!(c.handled_below(), [(0, 9)].into_iter().collect());
         assert!(c.probed(0, 50, 9), "everything below 9 is handled");
         c.revoke(0);
-        assert!(!c.skip(0, 8));
+        assert!(c.handled_below().is_empty());
         assert_eq!(c.until_ms(0), i64::MIN);
     }
 

@@ -339,11 +339,6 @@ impl TimerWheel {
             .min()
     }
 
-    /// Run-at of the earliest job in memory.
-    pub fn next_run_at_ms(&self) -> Option<i64> {
-        self.entries.keys().next().map(|k| k.run_at_ms)
-    }
-
     /// Run-at of the earliest job in memory due after `now_ms`: when the
     /// dispatcher next has something new to fire (jobs already due but held
     /// wait for their partition to catch up instead).
@@ -458,7 +453,7 @@ mod tests {
         assert_eq!(take(&mut w, 5_000, 100).len(), 6);
         assert_eq!(w.refill_due_ms(), Some(5_000));
         w.refill(&s, 50_000).unwrap();
-        assert_eq!(w.next_run_at_ms(), Some(6_000));
+        assert_eq!(w.next_after_ms(i64::MIN), Some(6_000));
         assert_eq!(w.len(), 55, "6s..=60s");
     }
 
@@ -502,10 +497,10 @@ mod tests {
             .unwrap();
         w.follow(&applied);
         assert_eq!(w.len(), 1);
-        assert_eq!(w.next_run_at_ms(), Some(5_000));
+        assert_eq!(w.next_after_ms(i64::MIN), Some(5_000));
         take(&mut w, 5_000, 10);
         w.refill(&s, 55_000).unwrap();
-        assert_eq!(w.next_run_at_ms(), Some(60_000));
+        assert_eq!(w.next_after_ms(i64::MIN), Some(60_000));
     }
 
     fn key(ms: i64, seq: u64) -> DueKey {

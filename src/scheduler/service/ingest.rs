@@ -417,43 +417,42 @@ fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> ReadBatch {
         ..ReadBatch::default()
     };
     let mut created: HashMap<i32, i64> = HashMap::default();
-    {
-        let gate = shared.caught_up();
-        for m in msgs {
-            let (p, offset) = (m.partition(), m.offset());
-            let last = b.last.entry(p).or_insert(offset);
-            *last = (*last).max(offset);
-            if let Some(t) = m.timestamp().to_millis() {
-                let c = created.entry(p).or_insert(t);
-                *c = (*c).max(t);
-            }
-            if gate.skip(p, offset) {
-                debug!(partition = p, offset, "handled before; skipped");
-                shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let view = RecordView::from_message(m);
-            match wire::decode(&view, Context::Schedule, &cfg.limits) {
-                Ok(command) => b.records.push(Record {
-                    partition: p,
-                    offset,
-                    command,
-                }),
-                Err(e) => {
-                    warn!(partition = p, offset, reason = %e, "schedule record dead-lettered");
-                    let d = DeadLetter {
-                        reason: e.to_string(),
-                        origin_topic: m.topic().to_string(),
-                        origin_partition: p,
-                        origin_offset: offset,
-                    };
-                    b.dead.push(wire::dead_letter_record(
-                        &view,
-                        &d,
-                        &cfg.topics.dead_letter,
-                        &cfg.limits,
-                    ));
-                }
+    // Copied, so that decoding does not hold the lock the dispatcher reads.
+    let handled_below = shared.caught_up().handled_below();
+    for m in msgs {
+        let (p, offset) = (m.partition(), m.offset());
+        let last = b.last.entry(p).or_insert(offset);
+        *last = (*last).max(offset);
+        if let Some(t) = m.timestamp().to_millis() {
+            let c = created.entry(p).or_insert(t);
+            *c = (*c).max(t);
+        }
+        if handled_below.get(&p).is_some_and(|h| offset < *h) {
+            debug!(partition = p, offset, "handled before; skipped");
+            shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let view = RecordView::from_message(m);
+        match wire::decode(&view, Context::Schedule, &cfg.limits) {
+            Ok(command) => b.records.push(Record {
+                partition: p,
+                offset,
+                command,
+            }),
+            Err(e) => {
+                warn!(partition = p, offset, reason = %e, "schedule record dead-lettered");
+                let d = DeadLetter {
+                    reason: e.to_string(),
+                    origin_topic: m.topic().to_string(),
+                    origin_partition: p,
+                    origin_offset: offset,
+                };
+                b.dead.push(wire::dead_letter_record(
+                    &view,
+                    &d,
+                    &cfg.topics.dead_letter,
+                    &cfg.limits,
+                ));
             }
         }
     }
