@@ -522,10 +522,8 @@ fn case(rt: &tokio::runtime::Runtime, broker: &Broker, p: u64, rounds: u64, memb
         .consumer
         .insert("heartbeat.interval.ms".into(), "500".into());
     let mut static_cfg = cfg.clone();
-    static_cfg.kafka.consumer.insert(
-        "group.instance.id".into(),
-        common::unique("bench-member").as_str().into(),
-    );
+    static_cfg.scheduler.instance_id = common::unique("bench-member");
+    cfg.scheduler.static_membership = false;
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
     let paths = [
         dir.path().join("scheduler.toml"),

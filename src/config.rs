@@ -70,6 +70,12 @@ pub struct WorkerConfig {
     /// between machines).
     #[serde(with = "humantime_serde")]
     pub early_tolerance: Duration,
+    /// How long a worker that stopped heartbeating keeps its partitions
+    /// before the group gives them to the others (librdkafka's
+    /// `session.timeout.ms`; a killed worker's jobs wait this long). A
+    /// `session.timeout.ms` in `[kafka.consumer]` wins.
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -84,6 +90,7 @@ impl Default for WorkerConfig {
             backoff_max: Duration::from_secs(600),
             revocation_deadline: Duration::from_secs(30),
             early_tolerance: Duration::from_secs(1),
+            session_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -127,6 +134,22 @@ pub struct SchedulerConfig {
     /// every record written before T, less this margin, has been read.
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// Join the group as a static member (`group.instance.id`): a
+    /// restarted instance gets its partitions back at once instead of after
+    /// `session_timeout`. Off: dynamic membership (a restart waits for the
+    /// dead member's session to expire).
+    pub static_membership: bool,
+    /// The static member id; empty: generated on first start and kept in
+    /// `data_dir` (file `instance-id`). Each instance needs its own. A
+    /// `group.instance.id` in `[kafka.consumer]` wins.
+    pub instance_id: String,
+    /// How long an instance that stopped heartbeating keeps its partitions
+    /// (librdkafka's `session.timeout.ms`): with static membership, also
+    /// after a clean stop, until it comes back or this has passed; then the
+    /// other instances take them over. A `session.timeout.ms` in
+    /// `[kafka.consumer]` wins.
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -142,6 +165,9 @@ impl Default for SchedulerConfig {
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
             max_clock_skew: Duration::from_millis(100),
+            static_membership: true,
+            instance_id: String::new(),
+            session_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -57,13 +57,31 @@ pub fn producer_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {
     c
 }
 
-/// Consumer settings for a member of `group`: offsets are stored by Kairos
+/// How a consumer is a member of its group.
+#[derive(Clone, Debug)]
+pub struct Membership<'a> {
+    /// The consumer group.
+    pub group: &'a str,
+    /// How long the member keeps its partitions without heartbeating.
+    pub session_timeout: std::time::Duration,
+    /// `group.instance.id` for static membership; `None`: dynamic.
+    pub instance_id: Option<String>,
+}
+
+/// Consumer settings for a member of a group: offsets are stored by Kairos
 /// only once a record's effect is durable (`enable.auto.offset.store=false`)
 /// and committed in the background; cooperative-sticky assignment so that a
 /// rebalance moves only the partitions that must move.
-pub fn consumer_config(cfg: &KafkaConfig, group: &str, client_id: &str) -> ClientConfig {
+pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &str) -> ClientConfig {
     let mut c = connection(cfg, client_id);
-    c.set("group.id", group);
+    c.set("group.id", member.group);
+    c.set(
+        "session.timeout.ms",
+        member.session_timeout.as_millis().to_string(),
+    );
+    if let Some(id) = &member.instance_id {
+        c.set("group.instance.id", id);
+    }
     c.set("enable.auto.commit", "true");
     c.set("auto.commit.interval.ms", "1000");
     c.set("enable.auto.offset.store", "false");
@@ -81,18 +99,47 @@ pub fn consumer_config(cfg: &KafkaConfig, group: &str, client_id: &str) -> Clien
     c
 }
 
+/// Log a commit's outcome (a consumer context's `commit_callback`): a
+/// failed commit is a warning naming the partitions and offsets it would
+/// have moved, since the records after the last commit run again after a
+/// crash; "nothing to commit" is not a failure.
+pub fn log_commit(
+    who: &str,
+    result: &rdkafka::error::KafkaResult<()>,
+    offsets: &rdkafka::TopicPartitionList,
+) {
+    use rdkafka::types::RDKafkaErrorCode;
+    match result {
+        Ok(()) => tracing::trace!(consumer = who, "offsets committed"),
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => {
+            let wanted: Vec<(i32, i64)> = offsets
+                .elements()
+                .iter()
+                .filter_map(|e| e.offset().to_raw().map(|o| (e.partition(), o)))
+                .collect();
+            tracing::warn!(consumer = who, error = %e, offsets = ?wanted, "offset commit failed");
+        }
+    }
+}
+
 /// An idempotent producer.
 pub fn producer(cfg: &KafkaConfig, client_id: &str) -> Result<FutureProducer, KafkaError> {
     FutureProducer::from_config(&producer_config(cfg, client_id))
 }
 
-/// A consumer in `group` with a custom context (rebalance callbacks).
-pub fn consumer<C, T>(cfg: &KafkaConfig, group: &str, client_id: &str, context: C) -> Result<T, KafkaError>
+/// A group member with a custom context (rebalance callbacks).
+pub fn consumer<C, T>(
+    cfg: &KafkaConfig,
+    member: &Membership<'_>,
+    client_id: &str,
+    context: C,
+) -> Result<T, KafkaError>
 where
     C: ConsumerContext,
     T: FromClientConfigAndContext<C>,
 {
-    T::from_config_and_context(&consumer_config(cfg, group, client_id), context)
+    T::from_config_and_context(&consumer_config(cfg, member, client_id), context)
 }
 
 /// An admin client.
@@ -351,10 +398,30 @@ mod tests {
         assert_eq!(p.get("linger.ms"), Some("50"));
         assert_eq!(p.get("security.protocol"), Some("ssl"));
         assert_eq!(p.get("enable.idempotence"), Some("true"));
-        let c = consumer_config(&cfg, "g", "c");
+        cfg.consumer.insert("session.timeout.ms".into(), "6000".into());
+        let member = Membership {
+            group: "g",
+            session_timeout: std::time::Duration::from_secs(10),
+            instance_id: Some("i-1".into()),
+        };
+        let c = consumer_config(&cfg, &member, "c");
         assert_eq!(c.get("auto.offset.reset"), Some("latest"));
         assert_eq!(c.get("linger.ms"), None);
         assert_eq!(c.get("group.id"), Some("g"));
+        assert_eq!(c.get("group.instance.id"), Some("i-1"));
+        assert_eq!(
+            c.get("session.timeout.ms"),
+            Some("6000"),
+            "the user's setting wins"
+        );
+        cfg.consumer.clear();
+        let member = Membership {
+            instance_id: None,
+            ..member
+        };
+        let c = consumer_config(&cfg, &member, "c");
+        assert_eq!(c.get("session.timeout.ms"), Some("10000"));
+        assert_eq!(c.get("group.instance.id"), None);
     }
 
     #[test]

@@ -13,10 +13,15 @@
 //! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
 //! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
 //! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
+//!
+//! A second test kills one scheduler again and again with the shipped
+//! configuration and checks that jobs keep firing on time. The processes'
+//! logs are kept (their directory is printed) when a test fails.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,25 +34,36 @@ use rand::{Rng, SeedableRng};
 use rdkafka::Message as _;
 use std::future::IntoFuture;
 
-/// A kairos process, killed with SIGKILL when dropped.
+/// A kairos process, killed with SIGKILL when dropped. Its log (info level)
+/// goes to `<logs>/<pid>.log`, kept when the suite fails.
 struct Proc {
     child: Child,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    logs: PathBuf,
 }
 
 impl Proc {
-    fn spawn(args: Vec<String>, env: Vec<(String, String)>) -> Proc {
+    fn spawn(args: Vec<String>, env: Vec<(String, String)>, logs: PathBuf) -> Proc {
+        let log = tempfile::NamedTempFile::new_in(&logs).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_kairos"))
             .args(&args)
             .envs(env.iter().cloned())
-            .env("KAIROS_LOG", "error")
+            .env("KAIROS_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().expect("log file"))
             .spawn()
             .expect("spawn kairos");
-        Proc { child, args, env }
+        // args: --config FILE <role> ...
+        let named = logs.join(format!("{}-{}.log", args[2], child.id()));
+        log.persist(&named).expect("log file");
+        Proc {
+            child,
+            args,
+            env,
+            logs,
+        }
     }
 
     /// SIGKILL, then start the same command again; returns (dead pid, time of death).
@@ -56,7 +72,7 @@ impl Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let at = now_nanos();
-        *self = Proc::spawn(self.args.clone(), self.env.clone());
+        *self = Proc::spawn(self.args.clone(), self.env.clone(), self.logs.clone());
         (pid, at)
     }
 
@@ -66,7 +82,21 @@ impl Proc {
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         let _ = self.child.wait();
-        *self = Proc::spawn(self.args.clone(), self.env.clone());
+        *self = Proc::spawn(self.args.clone(), self.env.clone(), self.logs.clone());
+    }
+}
+
+/// The processes' logs: deleted when the suite passes, kept (and their
+/// place printed) when it fails.
+struct Logs(Option<tempfile::TempDir>);
+
+impl Drop for Logs {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("process logs kept in {}", dir.keep().display());
+            }
+        }
     }
 }
 
@@ -117,8 +147,64 @@ fn succeeded(events: &[events::Event], fails: &HashMap<JobId, u32>) -> HashSet<J
         .collect()
 }
 
+/// What a stalled run is waiting for: the jobs that never succeeded (with
+/// their runs and their copies on the work topic) and the runs that never
+/// ended in processes that were not killed.
+fn report_stall(
+    evs: &[events::Event],
+    fails: &HashMap<JobId, u32>,
+    deaths: &HashMap<u32, u128>,
+    brokers: &str,
+    work: &str,
+    run_at: &HashMap<JobId, i64>,
+) {
+    let ok = succeeded(evs, fails);
+    let missing: Vec<JobId> = fails.keys().filter(|id| !ok.contains(id)).copied().collect();
+    eprintln!("stalled: {} of {} jobs succeeded", ok.len(), fails.len());
+    let n = record_count(brokers, work) as usize;
+    let mut copies: HashMap<JobId, Vec<String>> = HashMap::new();
+    for m in read_up_to(brokers, work, n, Duration::from_secs(60)) {
+        if let Ok(Cmd::Schedule(j)) =
+            wire::decode(&RecordView::from_message(&m), Context::Work, &Limits::default())
+        {
+            copies.entry(j.id).or_default().push(format!(
+                "p{}@{} attempt {} ts {:?}",
+                m.partition(),
+                m.offset(),
+                j.attempt,
+                m.timestamp().to_millis()
+            ));
+        }
+    }
+    for id in missing.iter().take(10) {
+        let runs: Vec<String> = evs
+            .iter()
+            .filter(|e| e.id == *id)
+            .map(|e| {
+                format!(
+                    "{} attempt {} pid {} at {}",
+                    if e.start { "start" } else { "end" },
+                    e.attempt,
+                    e.pid,
+                    e.nanos
+                )
+            })
+            .collect();
+        eprintln!(
+            "  never succeeded: {id} run-at {:?} fails {}; work-topic copies {:?}; runs {runs:?}",
+            run_at.get(id),
+            fails[id],
+            copies.get(id)
+        );
+    }
+    for (pid, id, attempt, start) in events::open_runs(evs, deaths).iter().take(10) {
+        eprintln!("  run never ended: {id} attempt {attempt} in live process {pid}, started {start}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let soak = std::env::var("KAIROS_SOAK").is_ok_and(|v| v == "1");
     let cycles: usize = std::env::var("KAIROS_CRASH_CYCLES")
         .ok()
@@ -149,12 +235,20 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
     let events = dir.path().join("events.log");
     let conf = config_path.to_str().unwrap().to_string();
+    let logs = Logs(Some(
+        tempfile::Builder::new()
+            .prefix("kairos-crash-logs")
+            .tempdir()
+            .unwrap(),
+    ));
+    let logs_dir = logs.0.as_ref().unwrap().path().to_path_buf();
 
     let scheduler = |i: usize| {
         let data = dir.path().join(format!("scheduler-{i}"));
         Proc::spawn(
             vec!["--config".into(), conf.clone(), "scheduler".into()],
             vec![("KAIROS_SCHEDULER__DATA_DIR".into(), data.to_str().unwrap().into())],
+            logs_dir.clone(),
         )
     };
     let worker = || {
@@ -167,6 +261,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
                 events.to_str().unwrap().into(),
             ],
             vec![],
+            logs_dir.clone(),
         )
     };
     let mut schedulers: Vec<Proc> = (0..2).map(scheduler).collect();
@@ -269,10 +364,18 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     let run_at = writer.await.expect("job writer");
 
     // Every job succeeded, and the duplicate runs still going then ended.
-    let events_now = wait_for("every job to succeed", Duration::from_secs(300), || {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let events_now = loop {
         let evs = events::read(&events);
-        (succeeded(&evs, &fails).len() == total && events::in_flight(&evs, &deaths) == 0).then_some(evs)
-    });
+        if succeeded(&evs, &fails).len() == total && events::in_flight(&evs, &deaths) == 0 {
+            break evs;
+        }
+        if std::time::Instant::now() > deadline {
+            report_stall(&evs, &fails, &deaths, &cfg.kafka.brokers, &work, &run_at);
+            panic!("timed out after 300 s waiting for every job to succeed and every run to end");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     drop(workers);
     drop(schedulers);
 
@@ -350,4 +453,111 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
     drop(broker);
+}
+
+/// The two suites here each run several processes; one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A scheduler killed (SIGKILL) and restarted every one to three seconds,
+/// with the shipped configuration (static membership, its id kept in the
+/// data directory), keeps firing jobs within a few seconds of their run-at:
+/// the restarted instance takes its partitions back at once instead of
+/// waiting for its dead predecessor's session (30 s) to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let seed: u64 = std::env::var("KAIROS_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| now_nanos() as u64);
+    eprintln!("kill loop: seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let broker = common::Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The defaults, but for where the broker, the topics and the store are.
+    let mut cfg = broker.config();
+    cfg.scheduler.data_dir = dir.path().join("scheduler");
+    kairos::topics::init(&cfg).await.unwrap();
+    let config_path = dir.path().join("kairos.toml");
+    std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
+    let logs = Logs(Some(
+        tempfile::Builder::new()
+            .prefix("kairos-crash-logs")
+            .tempdir()
+            .unwrap(),
+    ));
+    let mut scheduler = Proc::spawn(
+        vec![
+            "--config".into(),
+            config_path.to_str().unwrap().into(),
+            "scheduler".into(),
+        ],
+        vec![],
+        logs.0.as_ref().unwrap().path().to_path_buf(),
+    );
+
+    // A job every 100 ms, due 1.5 s after it is written (so it is stored
+    // and goes through the changelog), while the scheduler is killed.
+    let producer = Producer::new(&cfg).unwrap();
+    let work = cfg.topics.work[0].clone();
+    let writing = tokio_util::sync::CancellationToken::new();
+    let stop_writing = writing.clone();
+    let writer = tokio::spawn(async move {
+        let mut run_at = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut n = 0;
+        while !stop_writing.is_cancelled() {
+            tick.tick().await;
+            let job = Job::new(&work, format!("key-{}", n % 7), format!("job {n}").into_bytes())
+                .at(Utc::now() + chrono::Duration::milliseconds(1500));
+            n += 1;
+            run_at.extend(enqueue_retrying(&producer, vec![job]).await);
+        }
+        run_at
+    });
+    // Eight kills, one to three seconds apart (the fault schedule, not a
+    // wait for an outcome).
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..3000))).await;
+        scheduler.kill9_and_restart();
+    }
+    writing.cancel();
+    let run_at = writer.await.unwrap();
+    let fired = wait_for("every job to fire", Duration::from_secs(120), || {
+        let fired = fire_times(&cfg.kafka.brokers, &cfg.topics.work[0]);
+        run_at.keys().all(|id| fired.contains_key(id)).then_some(fired)
+    });
+    drop(scheduler);
+    let mut late: Vec<i64> = run_at.iter().map(|(id, at)| fired[id] - at).collect();
+    late.sort_unstable();
+    let pct = |q: f64| late[((late.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "kill loop: {} jobs, lateness ms p50 {} p99 {} max {}",
+        late.len(),
+        pct(0.5),
+        pct(0.99),
+        late[late.len() - 1]
+    );
+    assert!(late[0] >= 0, "a job fired {} ms early", -late[0]);
+    assert!(
+        late[late.len() - 1] <= 5_000,
+        "a job fired {} ms late (more than 5 s)",
+        late[late.len() - 1]
+    );
+}
+
+/// Each job's first fire on `topic`: job id → record timestamp (ms).
+fn fire_times(brokers: &str, topic: &str) -> HashMap<JobId, i64> {
+    let n = record_count(brokers, topic) as usize;
+    let mut out = HashMap::new();
+    for m in read_up_to(brokers, topic, n, Duration::from_secs(30)) {
+        if let Ok(Cmd::Schedule(j)) =
+            wire::decode(&RecordView::from_message(&m), Context::Work, &Limits::default())
+        {
+            let ts = m.timestamp().to_millis().unwrap_or(i64::MAX);
+            let first = out.entry(j.id).or_insert(ts);
+            *first = (*first).min(ts);
+        }
+    }
+    out
 }

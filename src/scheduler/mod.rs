@@ -11,6 +11,7 @@
 //!   to its next owner.
 //! - [`direct`]: commit offsets of jobs already due on arrival, which fire
 //!   from memory without touching the store or the changelog.
+//! - [`instance`]: the instance's stable id in its group (static membership).
 //! - [`caught_up`]: how far each schedule partition has been read, in time;
 //!   a job fires only once its partition is read up to its run-at.
 //! - [`service`]: ingest (consume, persist, commit), dispatch (fire on time)
@@ -45,6 +46,7 @@
 pub mod caught_up;
 pub mod changelog;
 pub mod direct;
+pub mod instance;
 pub mod service;
 pub mod store;
 pub mod stored;

@@ -62,6 +62,9 @@ pub enum SchedulerError {
     /// A partition could not be rebuilt from its changelog.
     #[error(transparent)]
     Rebuild(#[from] changelog::RebuildError),
+    /// The instance's stable id could not be read or kept.
+    #[error(transparent)]
+    InstanceId(#[from] super::instance::InstanceIdError),
     /// The ingest thread ended abnormally.
     #[error("scheduler stopped: {0}")]
     Fatal(String),
@@ -114,6 +117,8 @@ pub struct Status {
 struct Shared {
     /// Topics, limits and scheduler settings.
     cfg: Config,
+    /// `group.instance.id` (static membership), or `None`.
+    instance_id: Option<String>,
     /// Pending jobs on disk.
     store: Store,
     /// The near future in memory; also the set of owned partitions.
@@ -204,12 +209,15 @@ impl Scheduler {
         let s = &cfg.scheduler;
         std::fs::create_dir_all(&s.data_dir).map_err(|e| StoreError::Sled(e.into()))?;
         let store = Store::open(&s.data_dir, s.cache_capacity)?;
+        // After the store: its lock keeps a second process off this directory.
+        let instance_id = super::instance::group_instance_id(cfg)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
         let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
         let (probe, probe_inbox) = std::sync::mpsc::sync_channel(1);
         Ok(Scheduler {
             shared: Arc::new(Shared {
                 cfg: cfg.clone(),
+                instance_id,
                 store,
                 wheel: Mutex::new(wheel),
                 wake: Notify::new(),
@@ -386,6 +394,10 @@ struct Ctx {
 impl ClientContext for Ctx {}
 
 impl ConsumerContext for Ctx {
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+        kafka::log_commit("scheduler", &result, offsets);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else { return };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();

@@ -392,6 +392,10 @@ struct Ctx {
 impl ClientContext for Ctx {}
 
 impl ConsumerContext for Ctx {
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+        kafka::log_commit("worker", &result, offsets);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let tps: Vec<Tp> = tpl
@@ -476,9 +480,14 @@ fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) {
 }
 
 fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
+    let member = kafka::Membership {
+        group: &shared.group,
+        session_timeout: shared.cfg.worker.session_timeout,
+        instance_id: None,
+    };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &shared.cfg.kafka,
-        &shared.group,
+        &member,
         "kairos-worker",
         Ctx {
             shared: shared.clone(),

@@ -90,12 +90,17 @@ fn pair(events: &[Event]) -> (Vec<Run>, Open) {
 /// Runs still going in processes that were not killed (a duplicate delivery
 /// can still be running when the last job first succeeds).
 pub fn in_flight(events: &[Event], deaths: &HashMap<u32, u128>) -> usize {
+    open_runs(events, deaths).len()
+}
+
+/// The runs [`in_flight`] counts: (process, job, attempt, start nanos).
+pub fn open_runs(events: &[Event], deaths: &HashMap<u32, u128>) -> Vec<(u32, JobId, u32, u128)> {
     pair(events)
         .1
-        .iter()
+        .into_iter()
         .filter(|((pid, _, _), _)| !deaths.contains_key(pid))
-        .map(|(_, starts)| starts.len())
-        .sum()
+        .flat_map(|((pid, id, attempt), starts)| starts.into_iter().map(move |s| (pid, id, attempt, s)))
+        .collect()
 }
 
 /// Runs per key. A start is paired with the next end of the same process,

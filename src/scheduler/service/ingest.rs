@@ -127,11 +127,30 @@ enum Claim {
     Direct(StoredJob),
 }
 
+/// A consumer error is logged; a fatal one (librdkafka gave up on the
+/// client, as when another process joined with this instance's id and the
+/// group fenced this one out) stops the scheduler.
+fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), SchedulerError> {
+    if let Some((code, reason)) = consumer.client().fatal_error() {
+        return Err(SchedulerError::Fatal(format!(
+            "the schedule topic consumer failed for good ({code:?}: {reason}); \
+             if another instance runs with this instance's id, give each its own data_dir or instance_id"
+        )));
+    }
+    warn!(error = %e, "schedule topic consumer");
+    Ok(())
+}
+
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     let cfg = &shared.cfg;
+    let member = kafka::Membership {
+        group: &cfg.scheduler.group_id,
+        session_timeout: cfg.scheduler.session_timeout,
+        instance_id: shared.instance_id.clone(),
+    };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &cfg.kafka,
-        &cfg.scheduler.group_id,
+        &member,
         "kairos-scheduler",
         Ctx {
             shared: shared.clone(),
@@ -151,14 +170,14 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     while !shared.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
-            Some(Err(e)) => warn!(error = %e, "schedule topic consumer"),
+            Some(Err(e)) => consumer_error(&consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
         while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
             match consumer.poll(Duration::ZERO) {
                 Some(Ok(m)) => msgs.push(m),
                 Some(Err(e)) => {
-                    warn!(error = %e, "schedule topic consumer");
+                    consumer_error(&consumer, &e)?;
                     break;
                 }
                 None => break,
