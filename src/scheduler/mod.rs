@@ -3,9 +3,9 @@
 //!
 //! Parts:
 //! - [`stored`]: a job's bytes at rest (sled and changelog).
-//! - [`store`]: the sled store of pending jobs, ordered by run-at.
-//! - `value_log`: the store's chunk bytes, appended to segment files outside
-//!   sled (sled holds pointers).
+//! - [`store`]: the sled store of pending jobs, ordered by run-at (one file
+//!   per concern: keys, buckets, chunk codec, near runs, id hints, batch
+//!   overlay, cascade, compaction, checkpoint, and its private value log).
 //! - [`timer_wheel`]: the in-memory window over the near future.
 //! - [`changelog`]: the compacted changelog that hands a partition's state
 //!   to its next owner.
@@ -51,6 +51,5 @@ pub mod service;
 pub mod store;
 pub mod stored;
 pub mod timer_wheel;
-mod value_log;
 
 pub use service::{Scheduler, SchedulerError, Status};
