@@ -8,7 +8,7 @@
 //! KAIROS_BENCH_DIR=/some/disk cargo bench --bench scheduler_memory
 //! ```
 //!
-//! 1. Fills a sled [`Store`] (64 MiB cache, as the default config) with N
+//! 1. Fills a sled [`Store`] (16 MiB cache, as the default config) with N
 //!    jobs in ingest batches of 2000, one flush (fsync) per batch, printing
 //!    the process's memory every 1M jobs; then builds a [`TimerWheel`]
 //!    (60 s span, 100,000 capacity) and refills it once.

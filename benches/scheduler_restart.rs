@@ -73,7 +73,7 @@ const PAYLOAD_BYTES: usize = 100;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 /// Jobs per `Store::apply` while filling.
 const FILL_BATCH: usize = 10_000;
-/// sled page cache while filling (the process uses its configured 64 MiB).
+/// sled page cache while filling (the process uses its configured 16 MiB).
 const FILL_CACHE: u64 = 512 << 20;
 /// Jobs due shortly after the first start.
 const FIRST_JOBS: usize = 5;
