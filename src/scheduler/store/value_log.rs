@@ -33,6 +33,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use crate::scheduler::stored::CorruptJob;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 

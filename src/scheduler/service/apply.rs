@@ -1,0 +1,361 @@
+//! The apply thread: resolves each change of a batch read against the
+//! batch, the window's direct jobs and the store; persists; puts the jobs
+//! into the window; then lets the batch's offsets be committed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::{debug, info};
+
+use super::ingest::{Claim, ReadBatch};
+use super::persist::persist;
+use super::{SchedulerError, Shared};
+
+use crate::hash::HashMap;
+use crate::job::JobId;
+use crate::scheduler::store::{Change, DueKey, StoreError};
+use crate::scheduler::stored::StoredJob;
+use crate::wire::{self, Command};
+
+/// What one batch of schedule records does to one partition.
+#[derive(Default)]
+pub(super) struct PartitionBatch {
+    pub(super) changes: Vec<Change>,
+    /// Each job id the batch names.
+    pub(super) ids: HashMap<JobId, Named>,
+    /// Highest offset read.
+    pub(super) last_offset: i64,
+    /// Latest creation time (Kafka timestamp) of the records read.
+    pub(super) created_ms: Option<i64>,
+    /// Indexes (in `changes`) of puts of jobs already due.
+    pub(super) due_puts: Vec<usize>,
+    /// Jobs taken out of `changes` to fire straight from memory.
+    pub(super) direct: Vec<StoredJob>,
+    /// The first schedule offset not handled once the batch is persisted
+    /// (none: the batch does not move the store's checkpoint).
+    pub(super) schedule_next: Option<i64>,
+}
+
+impl PartitionBatch {
+    /// Empty, keeping the allocations for the next batch.
+    pub(super) fn clear(&mut self) {
+        self.changes.clear();
+        self.ids.clear();
+        self.last_offset = 0;
+        self.created_ms = None;
+        self.due_puts.clear();
+        self.direct.clear();
+        self.schedule_next = None;
+    }
+
+    /// Count a record naming `id`.
+    pub(super) fn named(&mut self, id: JobId) -> &mut Named {
+        let n = self.ids.entry(id).or_default();
+        n.mentions += 1;
+        n
+    }
+
+    /// Note where job `id` (already named) stands now.
+    pub(super) fn now_is(&mut self, id: JobId, at: Option<usize>) {
+        self.ids.entry(id).or_default().now = Some(at);
+    }
+
+    /// Whether a change to job `id` comes too late: the job was being
+    /// fired when the batch was read, and the batch has not put it again.
+    pub(super) fn too_late(&self, id: &JobId) -> bool {
+        self.ids
+            .get(id)
+            .is_some_and(|n| matches!(n.claim, Claim::Firing) && n.now.is_none())
+    }
+
+    /// Offsets of direct jobs the batch cancels or replaces: they stop
+    /// holding the commit once the batch is persisted.
+    pub(super) fn released(&self) -> Vec<i64> {
+        self.ids
+            .values()
+            .filter_map(|n| match &n.claim {
+                Claim::Direct(s) => Some(s.seq as i64),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// What a batch does to one job id.
+#[derive(Default)]
+pub(super) struct Named {
+    /// How many records of the batch name the id.
+    pub(super) mentions: u32,
+    /// Where the job stands after the batch's changes so far: `None` when
+    /// none changed it (the store knows), `Some(None)` deleted, `Some(Some(i))`
+    /// the put at `changes[i]`.
+    pub(super) now: Option<Option<usize>>,
+    /// Where the job was when the batch was read.
+    pub(super) claim: Claim,
+}
+
+/// Apply the batches read, in order. After a failure (the scheduler is then
+/// stopping) the rest are only taken off.
+pub(super) fn apply_loop(shared: &Arc<Shared>) {
+    let mut spare: Vec<PartitionBatch> = Vec::new();
+    let mut failed = false;
+    while let Some(batch) = shared.applying.take() {
+        if !failed {
+            if let Err(e) = apply_batch(shared, batch, &mut spare) {
+                shared.fail(e.to_string());
+                failed = true;
+            }
+        }
+    }
+}
+
+/// The job `id` of partition `p` as it stands: this batch's changes first,
+/// then a direct job the batch took out of the window, then the store.
+pub(super) fn current(
+    shared: &Shared,
+    p: i32,
+    id: &JobId,
+    pb: &PartitionBatch,
+) -> Result<Option<StoredJob>, StoreError> {
+    match pb.ids.get(id) {
+        Some(Named { now: Some(o), .. }) => {
+            return Ok(o.and_then(|i| match &pb.changes[i] {
+                Change::Put(s) => Some(s.clone()),
+                _ => None,
+            }))
+        }
+        Some(Named {
+            claim: Claim::Direct(s),
+            ..
+        }) => return Ok(Some(s.clone())),
+        _ => {}
+    }
+    shared.store.current(p, id)
+}
+
+/// A change that met its job being fired: the job fires as it was.
+pub(super) fn too_late(shared: &Shared, what: &str, p: i32, offset: i64, id: &JobId) {
+    shared.stats.too_late.fetch_add(1, Ordering::Relaxed);
+    info!(job_id = %id, partition = p, offset, change = what, "too late: the job is being fired");
+}
+
+/// Apply a batch read: resolve each change against the batch itself, the
+/// window's direct jobs and the store; write the changelog and the store;
+/// put the jobs into the window; and only then let the batch's offsets be
+/// committed.
+pub(super) fn apply_batch(
+    shared: &Arc<Shared>,
+    b: ReadBatch,
+    spare: &mut Vec<PartitionBatch>,
+) -> Result<(), SchedulerError> {
+    let now = shared.clock.now();
+    let mut parts: HashMap<i32, PartitionBatch> = HashMap::default();
+    for (p, last) in &b.last {
+        let pb = parts.entry(*p).or_insert_with(|| spare.pop().unwrap_or_default());
+        pb.last_offset = *last;
+    }
+    // Direct jobs the batch names come out of the window (held there since
+    // the batch was read).
+    {
+        let mut w = shared.wheel();
+        for (&(p, id), c) in &b.named {
+            let claim = if c.firing {
+                Claim::Firing
+            } else if let Some((_, s)) = w.take_direct_job(p, &id) {
+                Claim::Direct(s)
+            } else {
+                Claim::Held
+            };
+            let pb = parts.get_mut(&p).expect("every partition read has a batch");
+            pb.ids.insert(
+                id,
+                Named {
+                    claim,
+                    ..Named::default()
+                },
+            );
+        }
+    }
+    for r in b.records {
+        let (p, offset) = (r.partition, r.offset);
+        let pb = parts.get_mut(&p).expect("every partition read has a batch");
+        match r.command {
+            // A job put again while it is being fired (a worker's retry of
+            // it, or a re-send) is a new job: it replaces the one in the
+            // store, and fires in its turn.
+            Command::Schedule(job) => {
+                debug!(job_id = %job.id, key = %job.key_lossy(), partition = p, offset,
+                    run_at = %wire::format_time(job.run_at), "scheduled");
+                let sj = StoredJob {
+                    job,
+                    seq: offset as u64,
+                };
+                let at = pb.changes.len();
+                pb.named(sj.job.id).now = Some(Some(at));
+                if sj.job.run_at <= now {
+                    pb.due_puts.push(at);
+                }
+                pb.changes.push(Change::Put(sj));
+            }
+            Command::Cancel(id) => {
+                if pb.too_late(&id) {
+                    too_late(shared, "cancel", p, offset, &id);
+                    continue;
+                }
+                pb.named(id);
+                if current(shared, p, &id, pb)?.is_some() {
+                    debug!(job_id = %id, partition = p, offset, "cancelled");
+                    shared.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    pb.now_is(id, None);
+                    pb.changes.push(Change::Delete(id));
+                }
+            }
+            Command::Reschedule { id, run_at } => {
+                if pb.too_late(&id) {
+                    too_late(shared, "reschedule", p, offset, &id);
+                    continue;
+                }
+                pb.named(id);
+                if let Some(mut sj) = current(shared, p, &id, pb)? {
+                    debug!(job_id = %id, partition = p, offset, run_at = %wire::format_time(run_at), "rescheduled");
+                    sj.job.run_at = run_at;
+                    pb.now_is(id, Some(pb.changes.len()));
+                    pb.changes.push(Change::Put(sj));
+                }
+            }
+        }
+    }
+    for (p, pb) in parts.iter_mut() {
+        pick_direct(shared, *p, pb)?;
+    }
+    {
+        let held = shared.direct();
+        for (p, pb) in parts.iter_mut() {
+            if !pb.changes.is_empty() {
+                let first = held.get(p).map_or(pb.last_offset + 1, |d| {
+                    let holding = pb.direct.iter().map(|s| s.seq as i64);
+                    d.first_unhandled(pb.last_offset, holding, &pb.released())
+                });
+                pb.schedule_next = Some(first);
+            }
+        }
+    }
+    let applied = persist(shared, &parts, &b.dead)?;
+    shared
+        .stats
+        .dead_lettered
+        .fetch_add(b.dead.len() as u64, Ordering::Relaxed);
+    // Direct jobs hold their offsets before the dispatcher can see them.
+    {
+        let mut direct = shared.direct();
+        for (p, pb) in &parts {
+            let d = direct.entry(*p).or_default();
+            for s in &pb.direct {
+                d.hold(s.seq as i64);
+            }
+        }
+    }
+    // Stored jobs and direct jobs enter the window together, so the
+    // dispatcher sees them in one run-at order; the jobs the batch held may
+    // be fired again.
+    let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
+    {
+        let mut w = shared.wheel();
+        w.follow(&applied);
+        for (p, pb) in parts.iter_mut() {
+            for s in pb.direct.drain(..) {
+                let k = DueKey::of(*p, &s);
+                let (id, offset) = (s.job.id, s.seq);
+                match w.add_direct(k, s) {
+                    None => {
+                        debug!(job_id = %id, partition = p, offset, "due on arrival: firing from memory")
+                    }
+                    Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
+                }
+            }
+        }
+        w.changed(
+            b.named
+                .iter()
+                .flat_map(|(k, c)| std::iter::repeat_n(*k, c.marks as usize)),
+        );
+    }
+    shared.wake.notify_one();
+    if !fallback.is_empty() {
+        // The window filled up meanwhile: these go the durable way.
+        let applied = persist(shared, &fallback, &[])?;
+        shared.wheel().follow(&applied);
+        shared.wake.notify_one();
+    }
+    // Only now may the offsets be committed (the read thread stores them).
+    {
+        let mut direct = shared.direct();
+        for (p, pb) in &parts {
+            let d = direct.entry(*p).or_default();
+            for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
+                if let Change::Put(s) = c {
+                    d.release(s.seq as i64);
+                }
+            }
+            for offset in pb.released() {
+                d.release(offset);
+            }
+            d.ingested(pb.last_offset);
+        }
+    }
+    shared.stats.ingested.fetch_add(b.read, Ordering::Relaxed);
+    spare.extend(parts.into_values().map(|mut pb| {
+        pb.clear();
+        pb
+    }));
+    Ok(())
+}
+
+/// Take out of `pb` the jobs that can fire straight from memory: due on
+/// arrival, named by no other record of the batch (nor replacing a direct
+/// job), not pending under their
+/// id (a replace must delete the old job durably), and where the window
+/// mirrors the partition up to them (so they fire in order with stored jobs).
+pub(super) fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
+    // (index in `changes`, job id) of the candidates.
+    let candidates: Vec<(usize, JobId)> = {
+        let w = shared.wheel();
+        pb.due_puts
+            .iter()
+            .filter_map(|&i| match &pb.changes[i] {
+                Change::Put(s)
+                    if pb
+                        .ids
+                        .get(&s.job.id)
+                        .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
+                        && w.may_add_direct(&DueKey::of(p, s)) =>
+                {
+                    Some((i, s.job.id))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<JobId> = candidates.iter().map(|(_, id)| *id).collect();
+    let pending = shared.store.pending_ids(p, &ids)?;
+    // Indexes ascending, as `due_puts`.
+    let mut picked = candidates
+        .into_iter()
+        .filter(|(_, id)| !pending.contains(id))
+        .map(|(i, _)| i)
+        .peekable();
+    let mut all = std::mem::take(&mut pb.changes);
+    for (i, c) in all.drain(..).enumerate() {
+        match c {
+            Change::Put(s) if picked.next_if_eq(&i).is_some() => pb.direct.push(s),
+            c => pb.changes.push(c),
+        }
+    }
+    if pb.changes.is_empty() {
+        pb.changes = all; // keep the allocation when every job went direct
+    }
+    Ok(())
+}

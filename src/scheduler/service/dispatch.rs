@@ -1,0 +1,199 @@
+//! Dispatch: sleep until the earliest job in the window is due, take what
+//! is due (and whose partition is read up to it), hand it to librdkafka in
+//! order, and pass the batch to the finisher.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use tracing::{info, warn};
+
+use super::finish::finish_loop;
+use super::Shared;
+
+use crate::hash::{HashMap, HashSet};
+use crate::kafka;
+use crate::scheduler::store::DueKey;
+use crate::scheduler::stored::StoredJob;
+use crate::scheduler::timer_wheel::Due;
+
+pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
+    let max_sleep = Duration::from_secs(1);
+    // Batches are handed to librdkafka here, in firing order, and finished
+    // (acknowledged, tombstoned, deleted) by the finisher, so that jobs coming
+    // due meanwhile do not wait for that. The idempotent producer keeps the
+    // order per partition; a write that fails fails the later ones of its
+    // partition too, and they all go back into the window in run-at order.
+    let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
+    let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
+    let mut holding = Holding::default();
+    loop {
+        if shared.stop.is_cancelled() {
+            break;
+        }
+        let now = shared.clock.now().timestamp_millis();
+        // Read before the window: `until` only grows, so a stale copy only
+        // holds jobs back a little longer.
+        let mut until = shared.caught_up().snapshot();
+        if shared.fire_unread.load(Ordering::Relaxed) {
+            until.values_mut().for_each(|u| *u = i64::MAX);
+        }
+        let (due, direct, parts, wake_at, held) = {
+            let mut w = shared.wheel();
+            if w.refill_due_ms().is_some_and(|t| t <= now) {
+                if let Err(e) = w.refill(&shared.store, now) {
+                    drop(w);
+                    shared.fail(e.to_string());
+                    break;
+                }
+            }
+            let Due { jobs: due, held } = w.take_due(now, shared.cfg.scheduler.fire_batch, &until);
+            let direct = w.take_direct(&due);
+            let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
+            if !parts.is_empty() {
+                let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
+                for p in &parts {
+                    *firing.entry(*p).or_insert(0) += 1;
+                }
+            }
+            // Jobs due but held wake the dispatcher when their partition
+            // has been read further (ingest and probes notify).
+            let wake = [w.next_after_ms(now), w.refill_due_ms()]
+                .into_iter()
+                .flatten()
+                .min();
+            (due, direct, parts, wake, held)
+        };
+        holding.update(&shared, &held, now);
+        if !due.is_empty() {
+            let writes = start_fire(&shared, &due).await;
+            let batch = FireBatch {
+                due,
+                direct,
+                writes,
+                parts,
+            };
+            if to_finish.send(batch).is_err() {
+                break; // the finisher ended: the scheduler is stopping
+            }
+            continue;
+        }
+        // Sleep until the next job is due; a wake-up re-reads the clock, so
+        // the sleep is capped to notice a clock that jumps (tests' manual clocks).
+        let sleep = wake_at
+            .map(|t| Duration::from_millis(t.saturating_sub(now).max(0) as u64))
+            .unwrap_or(max_sleep)
+            .min(max_sleep);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = shared.wake.notified() => {}
+            _ = shared.stop.cancelled() => break,
+        }
+    }
+    // Let the fires in flight finish (acknowledged jobs are deleted).
+    drop(to_finish);
+    let _ = finisher.await;
+}
+
+/// Due jobs held because their schedule partition has not been read up to
+/// their run-at: asks for probes, and says so when it lasts.
+#[derive(Default)]
+pub(super) struct Holding {
+    /// Since when jobs have been held, and when that was last logged.
+    pub(super) since: Option<(Instant, Option<Instant>)>,
+}
+
+/// How long jobs may be held before the dispatcher logs it (then again as often).
+pub(super) const HELD_WARNING: Duration = Duration::from_secs(5);
+
+impl Holding {
+    fn update(&mut self, shared: &Shared, held: &HashMap<i32, i64>, now_ms: i64) {
+        if held.is_empty() {
+            if let Some((since, Some(_))) = self.since.take() {
+                info!(held_for = ?since.elapsed(), "held jobs released: schedule partitions read up to their run-at");
+            }
+            return;
+        }
+        let mut gate = shared.caught_up();
+        let ask = held
+            .iter()
+            .fold(false, |ask, (p, due_ms)| gate.want(*p, *due_ms) || ask);
+        if ask {
+            // Full: a probe is asked for already.
+            let _ = shared.probe.try_send(());
+        }
+        let (since, logged) = self.since.get_or_insert((Instant::now(), None));
+        if logged.unwrap_or(*since).elapsed() >= HELD_WARNING {
+            *logged = Some(Instant::now());
+            for (p, due_ms) in held {
+                let (read_to, end) = gate.progress(*p).unwrap_or((-1, None));
+                warn!(partition = p, held_for = ?since.elapsed(), latest_held_late_ms = now_ms - due_ms,
+                    read_to, end = ?end, "due jobs held: the schedule partition is not read up to their run-at yet (a cancel written before then would be missed)");
+            }
+        }
+    }
+}
+
+/// Due jobs handed to librdkafka, waiting for the finisher.
+pub(super) struct FireBatch {
+    pub(super) due: Vec<(DueKey, StoredJob)>,
+    /// Which of `due` are direct jobs (not in the store, nor the changelog).
+    pub(super) direct: HashSet<DueKey>,
+    pub(super) writes: FireWrites,
+    /// The partitions of `due`, each counted once in `Shared::firing`.
+    pub(super) parts: HashSet<i32>,
+}
+
+/// The writes of a fire batch, handed to librdkafka in firing order.
+pub(super) type FireWrites = Vec<
+    std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<rdkafka::producer::future_producer::Delivery, KafkaError>>
+                + Send,
+        >,
+    >,
+>;
+
+/// Hand a batch of due jobs to librdkafka, in order. Jobs for work topics
+/// that do not exist are not written (librdkafka would only time out on
+/// them): their write fails at once and [`finish_fire`] dead-letters them.
+pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
+    // Whether each work topic is missing, asked once per batch. Jobs in a row
+    // mostly share a topic: the answer for the last one is kept at hand.
+    let mut missing: HashMap<&str, Result<bool, KafkaError>> = HashMap::default();
+    let mut last: Option<(&str, Result<bool, KafkaError>)> = None;
+    let mut writes: FireWrites = Vec::with_capacity(due.len());
+    for (_, s) in due {
+        let topic = s.job.topic.as_str();
+        let state = match &last {
+            Some((t, m)) if *t == topic => m,
+            _ => {
+                let m = match missing.get(topic) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = shared.topic_check.exists(topic).await.map(|e| !e);
+                        missing.insert(topic, m.clone());
+                        m
+                    }
+                };
+                &last.insert((topic, m)).1
+            }
+        };
+        match state {
+            Ok(true) => {
+                let e = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition);
+                writes.push(Box::pin(async move { Err(e) }));
+            }
+            Ok(false) => {
+                writes.push(Box::pin(kafka::enqueue_job(&shared.producer, &s.job).await));
+            }
+            Err(e) => {
+                let e = e.clone();
+                writes.push(Box::pin(async move { Err(e) }));
+            }
+        }
+    }
+    writes
+}

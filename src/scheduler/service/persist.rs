@@ -1,0 +1,154 @@
+//! Persisting a batch: changelog records and dead letters acknowledged by
+//! Kafka (retried in order per partition), then the store, flushed.
+
+use tracing::warn;
+
+use super::apply::PartitionBatch;
+use super::{SchedulerError, Shared};
+
+use crate::hash::HashMap;
+use crate::kafka;
+use crate::scheduler::changelog;
+use crate::scheduler::store::{Applied, Change, PartitionWrite};
+use crate::wire::OwnedRecord;
+
+/// Write the batch's changelog records and dead letters (acknowledged by
+/// Kafka), then apply its changes to the store and flush it. Returns what
+/// changed in the near range.
+pub(super) fn persist(
+    shared: &Shared,
+    parts: &HashMap<i32, PartitionBatch>,
+    dead: &[OwnedRecord],
+) -> Result<Vec<Applied>, SchedulerError> {
+    let cfg = &shared.cfg;
+    // 1. Changelog and dead letters, acknowledged by Kafka.
+    let topic = &cfg.topics.changelog;
+    let records: Vec<(i32, OwnedRecord)> = parts
+        .iter()
+        .flat_map(|(p, pb)| {
+            let changes = pb.changes.iter().map(|c| match c {
+                Change::Put(s) => changelog::put_record(topic, s),
+                Change::Delete(id) | Change::Fired(id, _) => changelog::tombstone(topic, id),
+            });
+            // After the changes it covers, in the same partition.
+            let handled = pb
+                .schedule_next
+                .map(|n| changelog::schedule_next_record(topic, n));
+            changes.chain(handled).map(move |r| (*p, r))
+        })
+        .collect();
+    let mut sends: Vec<(Option<i32>, &OwnedRecord)> = records.iter().map(|(p, r)| (Some(*p), r)).collect();
+    sends.extend(dead.iter().map(|r| (None, r)));
+    let delivered = send_all_retrying(shared, &sends)?;
+    let mut changelog_next: HashMap<i32, i64> = HashMap::default();
+    for ((p, rec), d) in sends.iter().zip(&delivered) {
+        if let (Some(p), true) = (p, rec.topic == cfg.topics.changelog) {
+            let e = changelog_next.entry(*p).or_insert(0);
+            *e = (*e).max(d.offset + 1);
+        }
+    }
+    // 2. The store, flushed to disk (nothing to do for a batch of direct jobs).
+    let writes: Vec<PartitionWrite> = parts
+        .iter()
+        .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
+        .map(|(p, pb)| PartitionWrite {
+            changelog_next: changelog_next.get(p).copied(),
+            schedule_next: pb.schedule_next,
+            ..PartitionWrite::new(*p, &pb.changes)
+        })
+        .collect();
+    let mut applied = Vec::new();
+    if !writes.is_empty() {
+        applied = shared.store.apply_all(&writes)?;
+        shared.store.flush()?;
+    }
+    Ok(applied)
+}
+
+/// Send records and wait for every acknowledgement, retrying the failed ones
+/// (the writes are idempotent by job id) until they succeed or the scheduler
+/// stops. Records pinned to a partition are retried from the first failure
+/// on, in their order.
+pub(super) fn send_all_retrying(
+    shared: &Shared,
+    records: &[(Option<i32>, &OwnedRecord)],
+) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+    let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
+        (0..records.len()).map(|_| None).collect();
+    let mut delay = kafka::RetryDelay::new();
+    loop {
+        let pending: Vec<usize> = (0..records.len()).filter(|i| out[*i].is_none()).collect();
+        if pending.is_empty() {
+            return Ok(out.into_iter().map(|d| d.expect("all delivered")).collect());
+        }
+        let results = futures::executor::block_on(futures::future::join_all(
+            pending
+                .iter()
+                .map(|i| kafka::send(&shared.producer, records[*i].1, records[*i].0)),
+        ));
+        let mut failed = Vec::new();
+        for (i, r) in pending.into_iter().zip(results) {
+            match r {
+                Ok(d) => out[i] = Some(d),
+                Err(e) => {
+                    failed.push(i);
+                    warn!(topic = %records[i].1.topic, error = %e, "write failed; retrying");
+                }
+            }
+        }
+        let parts: Vec<Option<i32>> = records.iter().map(|(p, _)| *p).collect();
+        for i in written_again(&parts, &failed) {
+            out[i] = None;
+        }
+        if !failed.is_empty() {
+            if shared.stop.is_cancelled() {
+                return Err(SchedulerError::Fatal(
+                    "stopped with writes unacknowledged; their records will be re-read".into(),
+                ));
+            }
+            std::thread::sleep(delay.next_delay());
+        }
+    }
+}
+
+/// Of records pinned to partitions `parts`, those to write again after the
+/// records `failed` failed: every one after a failure in its partition, so
+/// that the changelog keeps each job's records in order (compaction keeps the
+/// last one, and a put retried after its own tombstone would revive the job).
+pub(super) fn written_again(parts: &[Option<i32>], failed: &[usize]) -> Vec<usize> {
+    let mut first: HashMap<i32, usize> = HashMap::default();
+    for &i in failed {
+        if let Some(p) = parts[i] {
+            let f = first.entry(p).or_insert(i);
+            *f = (*f).min(i);
+        }
+    }
+    parts
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| p.and_then(|p| first.get(&p)).is_some_and(|f| i > f))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_changelog_write_rewrites_the_rest_of_its_partition_in_order() {
+        let parts = [Some(0), Some(0), Some(1), None, Some(0), Some(1), None];
+        assert_eq!(written_again(&parts, &[]), Vec::<usize>::new());
+        assert_eq!(written_again(&parts, &[1]), vec![4], "after 1 in partition 0");
+        assert_eq!(
+            written_again(&parts, &[4, 0]),
+            vec![1, 4],
+            "from the first failure"
+        );
+        assert_eq!(
+            written_again(&parts, &[2, 3]),
+            vec![5],
+            "dead letters (None) stand alone"
+        );
+    }
+}

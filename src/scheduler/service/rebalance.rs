@@ -1,0 +1,180 @@
+//! Partition moves: the consumer context's rebalance callbacks (a revoked
+//! partition stops firing, waits for its fire and its batches, commits; an
+//! assigned one catches up with its changelog first) and where reading starts.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use super::upkeep::cascade_until;
+use super::{SchedulerError, Shared};
+
+use crate::kafka;
+use crate::scheduler::changelog;
+
+/// The consumer context: the rebalance callbacks.
+pub(super) struct Ctx {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+        kafka::log_commit("scheduler", &result, offsets);
+    }
+
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        {
+            let mut w = self.shared.wheel();
+            for p in &parts {
+                w.remove_partition(*p);
+            }
+        }
+        {
+            let mut gate = self.shared.caught_up();
+            for p in &parts {
+                gate.revoke(*p);
+            }
+        }
+        // Wait for a fire in flight from these partitions to finish.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut firing = self.shared.firing.lock().unwrap_or_else(|e| e.into_inner());
+        while parts.iter().any(|p| firing.contains_key(p)) && Instant::now() < deadline {
+            firing = self
+                .shared
+                .firing_done
+                .wait_timeout(firing, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(firing);
+        // The batches read from these partitions are applied (their offsets
+        // may then be committed).
+        if !self.shared.applying.wait_idle(deadline) {
+            warn!(partitions = ?parts, "batches read still being applied at the deadline; their records will be read again");
+        }
+        // Direct jobs fired meanwhile release their offsets; those never
+        // fired are re-read by the next owner.
+        self.shared.store_offsets(consumer);
+        {
+            let mut direct = self.shared.direct();
+            for p in &parts {
+                direct.remove(p);
+            }
+        }
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => warn!(error = %e, "commit on revocation failed"),
+        }
+        info!(partitions = ?parts, "schedule partitions released");
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                let started = Instant::now();
+                // Place the cascade points before the rebuild, so that the
+                // replayed jobs land at their final level at once.
+                for p in &parts {
+                    if let Err(e) = self.shared.store.cascade(*p, cascade_until(&self.shared)) {
+                        self.shared.fail(format!("preparing partition {p}: {e}"));
+                        return;
+                    }
+                }
+                let read = match changelog::catch_up(
+                    &self.shared.reader_config,
+                    &self.shared.cfg.topics.changelog,
+                    &parts,
+                    &self.shared.store,
+                    self.shared.cfg.scheduler.rebuild_timeout,
+                ) {
+                    Ok(read) => read,
+                    Err(e) => {
+                        self.shared.fail(format!("rebuilding partitions {parts:?}: {e}"));
+                        return;
+                    }
+                };
+                info!(partitions = ?parts, elapsed = ?started.elapsed(), "schedule partitions caught up");
+                let starts = match reading_from(&self.shared, consumer, &parts) {
+                    Ok(starts) => starts,
+                    Err(e) => {
+                        self.shared
+                            .fail(format!("reading committed offsets of {parts:?}: {e}"));
+                        return;
+                    }
+                };
+                for (p, (next, skip_below)) in parts.iter().zip(starts) {
+                    // Jobs fire only once the partition is read up to their run-at.
+                    self.shared.caught_up().assign(*p, next, skip_below);
+                    let records = read.get(p).copied().unwrap_or(0);
+                    self.shared.stats.replayed.fetch_add(records, Ordering::Relaxed);
+                    let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
+                    info!(
+                        partition = p,
+                        changelog_records = records,
+                        pending,
+                        "schedule partition assigned"
+                    );
+                    self.shared.wheel().add_partition(*p);
+                }
+                self.shared.wake.notify_one();
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// For each of `parts` (just assigned), where ingest starts reading and
+/// below which records were handled before: the committed offset (or where
+/// `auto.offset.reset` starts, when none is) and the store's checkpoint,
+/// whichever is further.
+pub(super) fn reading_from(
+    shared: &Shared,
+    consumer: &BaseConsumer<Ctx>,
+    parts: &[i32],
+) -> Result<Vec<(i64, i64)>, SchedulerError> {
+    let topic = &shared.cfg.topics.schedule;
+    let timeout = shared.cfg.kafka.produce_timeout;
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        tpl.add_partition(topic, *p);
+    }
+    let committed = consumer.committed_offsets(tpl, timeout)?;
+    // Kairos's default is "earliest"; a user may choose the end.
+    let resets_to_end = shared
+        .cfg
+        .kafka
+        .consumer
+        .get("auto.offset.reset")
+        .is_some_and(|v| matches!(v.0.as_str(), "latest" | "end" | "largest"));
+    parts
+        .iter()
+        .map(|p| {
+            let handled = shared.store.checkpoint(*p)?.schedule_next;
+            let from = match committed.find_partition(topic, *p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                // Nothing committed: where `auto.offset.reset` starts.
+                _ => {
+                    let (low, high) = consumer.fetch_watermarks(topic, *p, timeout)?;
+                    if resets_to_end {
+                        high
+                    } else {
+                        low
+                    }
+                }
+            };
+            Ok((from.max(handled), handled))
+        })
+        .collect()
+}

@@ -1,0 +1,60 @@
+//! Upkeep off the firing path: the cascade kept three windows ahead, and
+//! the value log compacted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{blocking_store, Shared};
+
+/// Keep every owned partition's cascade point three windows ahead, off the
+/// dispatcher's path: moving far jobs into the near range rewrites their
+/// chunks, and done inside a refill it held up the fires (by up to 100 ms
+/// with a short window). The refill then finds the near range ready. The
+/// window has nothing to follow: cascaded jobs are beyond its horizons.
+pub(super) async fn cascade_loop(shared: Arc<Shared>) {
+    let every = (shared.cfg.scheduler.window / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+    loop {
+        let parts = shared.wheel().partitions();
+        let until = cascade_until(&shared);
+        for p in parts {
+            let moved = blocking_store(&shared, "cascade", move |s| loop {
+                let t = s.store.cascade(p, until)?;
+                if t >= until || s.stop.is_cancelled() {
+                    return Ok(());
+                }
+            })
+            .await;
+            if let Err(e) = moved {
+                shared.fail(format!("cascading partition {p}: {e}"));
+                return;
+            }
+        }
+        // Stragglers (jobs due far ahead) keep old value-log segments alive:
+        // copy them forward so the segments can go.
+        if let Err(e) = blocking_store(&shared, "compact", |s| {
+            // Flushed now so that the emptied segments go now.
+            if s.store.compact(COMPACT_BYTES)? > 0 {
+                s.store.flush()?;
+            }
+            Ok(())
+        })
+        .await
+        {
+            shared.fail(format!("compacting the store's value log: {e}"));
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shared.stop.cancelled() => return,
+        }
+    }
+}
+
+/// Most bytes one compaction pass copies (one pass per cascade round).
+pub(super) const COMPACT_BYTES: u64 = 32 << 20;
+
+/// Where the cascade point is kept: three windows ahead of now.
+pub(super) fn cascade_until(shared: &Shared) -> i64 {
+    let window = shared.cfg.scheduler.window.as_millis() as i64;
+    shared.clock.now().timestamp_millis().saturating_add(3 * window)
+}
