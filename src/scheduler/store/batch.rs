@@ -3,20 +3,18 @@
 
 use std::collections::BTreeMap;
 
-use super::near::NearRuns;
-use super::value_log::LogBatch;
-
-use crate::job::JobId;
-use crate::scheduler::stored::StoredJob;
-
 use super::buckets::{align_up, bucket_for, candidate_buckets, width};
 use super::checkpoint::{encode_checkpoint, Checkpoint};
 use super::chunk::{chunk_seq_range, encode_chunk, entry_header, load_jobs, remove_chunk, write_far, Raw};
 use super::hints::{Hint, Hints};
 use super::keys::{b_prefix, chunk_key, m_key, ChunkKey};
+use super::near::NearRuns;
+use super::value_log::LogBatch;
 use super::{Applied, Change, DueKey, Store, StoreError};
 
 use crate::hash::{HashMap, HashSet};
+use crate::job::JobId;
+use crate::scheduler::stored::StoredJob;
 
 /// Where a pending job is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,15 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use super::checkpoint::encode_checkpoint;
-use super::near::NearRuns;
-
-use crate::scheduler::stored::CorruptJob;
-
 use super::buckets::{align_up, bucket_for, width};
+use super::checkpoint::encode_checkpoint;
 use super::chunk::{inline_header, load_jobs, remove_chunk, write_far, Raw};
 use super::keys::{b_prefix, bucket_of_b_key, m_key, prefix, B};
+use super::near::NearRuns;
 use super::{Store, StoreError};
+
+use crate::scheduler::stored::CorruptJob;
 
 /// A cascade call moves at least this many far chunks (whole buckets) when
 /// that many are due, and stops at the next bucket boundary after it.

@@ -5,12 +5,10 @@ use std::collections::BTreeMap;
 
 use super::checkpoint::Checkpoint;
 use super::keys::b_key;
-
-use crate::job::JobId;
-
 use super::value_log::{LogBatch, Ptr, ValueLog, PTR_LEN};
 use super::{DueKey, StoreError};
 
+use crate::job::JobId;
 use crate::scheduler::stored::{CorruptJob, StoredJob};
 
 /// Most jobs in one far chunk, and a soft bound on its bytes.

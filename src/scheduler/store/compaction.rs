@@ -2,14 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use super::chunk::{inline_header, read_chunk, remove_chunk};
+use super::keys::{B, J, N};
 use super::value_log::Ptr;
+use super::{Store, StoreError};
 
 use crate::hash::HashSet;
 use crate::scheduler::stored::CorruptJob;
-
-use super::chunk::{inline_header, read_chunk, remove_chunk};
-use super::keys::{B, J, N};
-use super::{Store, StoreError};
 
 impl Store {
     /// Copy the chunks still live in mostly dead value-log segments (see

@@ -31,13 +31,11 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-
-use crate::scheduler::stored::CorruptJob;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use crate::hash::{HashMap, HashSet};
+use crate::scheduler::stored::CorruptJob;
 
 /// A head segment is sealed once it holds this many bytes.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
