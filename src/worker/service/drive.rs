@@ -1,0 +1,175 @@
+//! Drivers: tasks that run the handlers of the jobs taken from the lock
+//! table, settle finished jobs in batches and start the jobs they unblock.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{warn, Instrument};
+
+use super::settle::{finish_in, settle};
+use super::{Entry, Shared, State, Tp};
+
+use crate::worker::handler::{JobContext, Outcome};
+
+/// A job taken from the lock table to run.
+pub(super) struct Start {
+    pub(super) entry: Entry,
+    pub(super) cancel: CancellationToken,
+    pub(super) generation: u64,
+}
+
+/// A job whose handler run is over.
+pub(super) struct Finished {
+    pub(super) key: Vec<u8>,
+    pub(super) tp: Tp,
+    pub(super) offset: i64,
+    pub(super) generation: u64,
+    /// Its outcome is acknowledged by Kafka: its offset may be committed.
+    pub(super) settled: bool,
+}
+
+/// Take as many ready jobs as free slots allow; the caller runs them.
+pub(super) fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
+    let mut starts = Vec::new();
+    while st.table.running() < shared.concurrency {
+        let Some(entry) = st.table.next_ready() else { break };
+        let Some(owned) = st.owned.get(&entry.tp) else {
+            // Partition gone since the job was buffered: forget it.
+            let key = entry.job.key.clone();
+            st.table.complete(&key);
+            continue;
+        };
+        let cancel = owned.cancel.clone();
+        let generation = owned.generation;
+        *st.in_flight.entry(entry.tp).or_insert(0) += 1;
+        starts.push(Start {
+            entry,
+            cancel,
+            generation,
+        });
+    }
+    starts
+}
+
+/// A driver: runs the handlers of the jobs it is given, settles finished
+/// jobs in batches and starts the jobs they unblock. Once `halt` is
+/// cancelled (every partition was released) it ends when its last handler
+/// does: a handler deaf to cancellation runs on past the worker's stop, as a
+/// spawned task would (the documented overlap).
+pub(super) async fn drive(
+    shared: Arc<Shared>,
+    mut inbox: tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>,
+    halt: CancellationToken,
+) {
+    let mut running = FuturesUnordered::new();
+    let mut done: Vec<Finished> = Vec::new();
+    let mut halted = false;
+    loop {
+        if halted && running.is_empty() {
+            return;
+        }
+        // The inbox never closes while a driver runs: its senders live in
+        // `Shared`, which the driver holds.
+        tokio::select! {
+            _ = halt.cancelled(), if !halted => halted = true,
+            Some(starts) = inbox.recv() => {
+                running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
+            }
+            Some(f) = running.next(), if !running.is_empty() => done.push(f),
+        }
+        // Whatever else finished meanwhile is settled in the same lock.
+        while let Some(Some(f)) = running.next().now_or_never() {
+            done.push(f);
+        }
+        if !done.is_empty() {
+            let starts = settle_finished(&shared, &mut done);
+            running.extend(starts.into_iter().map(|s| run_job(shared.clone(), s)));
+        }
+    }
+}
+
+/// Mark finished jobs done in the lock table and offset tracker; returns the
+/// jobs that may start now.
+pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<Start> {
+    let starts = {
+        let mut st = shared.state();
+        for f in done.drain(..) {
+            st.table.complete(&f.key);
+            if let Some(n) = st.in_flight.get_mut(&f.tp) {
+                *n = n.saturating_sub(1);
+            }
+            if f.settled {
+                finish_in(&mut st, f.tp, f.offset, Some(f.generation));
+            }
+        }
+        start_ready(shared, &mut st)
+    };
+    shared.notify_finished();
+    starts
+}
+
+pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
+    let Start {
+        entry: Entry { job, tp, offset },
+        cancel,
+        generation,
+    } = start;
+    let ctx = JobContext {
+        topic: shared.topics[tp.0].clone(),
+        partition: tp.1,
+        offset,
+        cancel: cancel.clone(),
+    };
+    // A job slightly early (within the tolerance) waits here, never runs early.
+    let early = job.run_at - shared.clock.now();
+    if early > chrono::Duration::zero() {
+        let wait = early.to_std().unwrap_or_default();
+        // Boxed, as it is rare: a timer inline would grow every job's future.
+        Box::pin(async {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cancel.cancelled() => {}
+            }
+        })
+        .await;
+    }
+    let settled = if cancel.is_cancelled() {
+        false
+    } else {
+        shared.stats.started.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
+            partition = tp.1, offset, attempt = job.attempt);
+        let outcome = match AssertUnwindSafe(shared.handler.call(job.clone(), ctx).instrument(span.clone()))
+            .catch_unwind()
+            .await
+        {
+            Ok(o) => o,
+            Err(panic) => {
+                shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                warn!(parent: &span, panic = %msg, "handler panicked");
+                Outcome::retry(format!("handler panicked: {msg}"))
+            }
+        };
+        // Boxed: the settling future is large and rarely more than one
+        // write; inline, it would make every job's future kilobytes big.
+        Box::pin(settle(&shared, &job, tp, offset, outcome, &cancel))
+            .instrument(span)
+            .await
+    };
+    Finished {
+        key: job.key,
+        tp,
+        offset,
+        generation,
+        settled,
+    }
+}

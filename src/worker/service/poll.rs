@@ -1,0 +1,277 @@
+//! The poll thread: reads the work topics into the lock table, serves
+//! rebalances (a revoked partition is drained before it goes), stores the
+//! offsets that may be committed, and dead-letters or hands back records
+//! it cannot run.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use super::drive::start_ready;
+use super::settle::{begin, finish_offset, write_until_done};
+use super::{Entry, Owned, Shared, Tp, WorkerError};
+
+use crate::job::Job;
+use crate::wire::{Context, DeadLetter, RecordView};
+use crate::{kafka, wire};
+
+pub(super) struct Ctx {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
+        kafka::log_commit("worker", &result, offsets);
+    }
+
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let tps: Vec<Tp> = tpl
+                .elements()
+                .iter()
+                .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
+                .collect();
+            release(&self.shared, consumer, &tps);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut st = self.shared.state();
+                for e in tpl.elements() {
+                    if let Some(tp) = self.shared.tp(e.topic(), e.partition()) {
+                        st.next_generation += 1;
+                        let generation = st.next_generation;
+                        let cancel = self.shared.stop.child_token();
+                        st.owned.insert(tp, Owned { cancel, generation });
+                    }
+                }
+                info!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect::<Vec<_>>(),
+                    "work partitions assigned");
+            }
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// Let go of partitions: drop their buffered jobs, cancel their running
+/// handlers, wait for them up to the revocation deadline, commit what is
+/// finished, forget them.
+pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) {
+    let deadline = Instant::now() + shared.cfg.worker.revocation_deadline;
+    let mut st = shared.state();
+    let mut dropped = 0;
+    for tp in tps {
+        dropped += st.table.drop_partition(*tp).len();
+        if let Some(o) = st.owned.get(tp) {
+            o.cancel.cancel();
+        }
+    }
+    while tps
+        .iter()
+        .any(|tp| st.in_flight.get(tp).copied().unwrap_or(0) > 0)
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let stuck: Vec<_> = tps
+                .iter()
+                .filter(|tp| st.in_flight.get(tp).copied().unwrap_or(0) > 0)
+                .collect();
+            warn!(partitions = ?stuck, deadline = ?shared.cfg.worker.revocation_deadline,
+                "handlers still running past the revocation deadline; releasing anyway (their jobs may run again elsewhere)");
+            break;
+        }
+        st = shared.wait_finished(st, left.min(Duration::from_millis(100)));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for tp in tps {
+        if let Some(c) = st.tracker.commit_point(*tp) {
+            let _ = tpl.add_partition_offset(&shared.topics[tp.0], tp.1, Offset::Offset(c));
+            // Store it too: librdkafka commits the stored offsets once more
+            // when the partition goes (auto-commit), and a stale stored offset
+            // would move the committed one back.
+            let _ = consumer.store_offset(&shared.topics[tp.0], tp.1, c - 1);
+        }
+        st.tracker.remove(*tp);
+        st.owned.remove(tp);
+        st.to_store.remove(tp);
+    }
+    drop(st);
+    if tpl.count() > 0 {
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+            warn!(error = %e, "commit on release failed");
+        }
+    }
+    info!(partitions = ?tps, dropped_buffered = dropped, "work partitions released");
+}
+
+pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
+    let member = kafka::Membership {
+        group: &shared.group,
+        session_timeout: shared.cfg.worker.session_timeout,
+        instance_id: None,
+    };
+    let consumer: BaseConsumer<Ctx> = kafka::consumer(
+        &shared.cfg.kafka,
+        &member,
+        "kairos-worker",
+        Ctx {
+            shared: shared.clone(),
+        },
+    )?;
+    let topics: Vec<&str> = shared.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    let max_buffered = shared.cfg.worker.max_buffered.max(1);
+    while !shared.stop.is_cancelled() {
+        store_offsets(shared, &consumer);
+        // Back-pressure: with the buffer full, stop reading until it has
+        // drained to three quarters (reading again after every finished job
+        // would wake this thread once per job). Pausing the partitions
+        // instead would make librdkafka drop what it had fetched and stall
+        // for most of a second after the resume. librdkafka's own read-ahead
+        // is bounded by `queued.max.messages.kbytes`. One poll a second still
+        // serves rebalances (each may add one record beyond the bound).
+        let mut polled_at_most = Duration::from_millis(50);
+        {
+            let mut st = shared.state();
+            if st.table.buffered() >= max_buffered {
+                let resume_below = (max_buffered - max_buffered / 4).max(1);
+                let until = Instant::now() + Duration::from_secs(1);
+                while st.table.buffered() >= resume_below && !shared.stop.is_cancelled() {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    st = shared.wait_finished(st, left);
+                }
+                if st.table.buffered() >= max_buffered {
+                    polled_at_most = Duration::ZERO;
+                } else {
+                    continue;
+                }
+            }
+        }
+        let room = max_buffered
+            .saturating_sub(shared.state().table.buffered())
+            .clamp(1, 1024);
+        let mut batch: Vec<BorrowedMessage<'_>> = Vec::new();
+        let mut next = consumer.poll(polled_at_most);
+        while let Some(r) = next {
+            match r {
+                Ok(m) => batch.push(m),
+                Err(e) => warn!(error = %e, "work topic consumer"),
+            }
+            // Take what is already fetched, up to the free room in the buffer.
+            if polled_at_most.is_zero() || batch.len() >= room {
+                break;
+            }
+            next = consumer.poll(Duration::ZERO);
+        }
+        if !batch.is_empty() {
+            accept_batch(shared, &batch);
+        }
+    }
+    // Shutdown: drain everything we own, as on a revocation.
+    let owned: Vec<Tp> = shared.state().owned.keys().copied().collect();
+    release(shared, &consumer, &owned);
+    consumer.unsubscribe();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
+        consumer.poll(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    let pending: Vec<(Tp, i64)> = shared.state().to_store.drain().collect();
+    for (tp, offset) in pending {
+        // librdkafka commits one past the stored offset.
+        if let Err(e) = consumer.store_offset(&shared.topics[tp.0], tp.1, offset - 1) {
+            debug!(error = %e, partition = tp.1, "offset not stored (partition gone)");
+        }
+    }
+}
+
+/// Take a batch of records from the work topics: decode them outside the
+/// lock, then buffer the runnable ones and start what may start, under one
+/// lock for the whole batch.
+pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
+    let now = shared.clock.now();
+    let tolerance = chrono::Duration::from_std(shared.cfg.worker.early_tolerance).unwrap_or_default();
+    let mut runnable: Vec<Entry> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let Some(tp) = shared.tp(m.topic(), m.partition()) else {
+            continue;
+        };
+        let offset = m.offset();
+        let view = RecordView::from_message(m);
+        match wire::decode_job(&view, Context::Work, &shared.cfg.limits) {
+            Ok(job) if job.run_at <= now + tolerance => runnable.push(Entry { job, tp, offset }),
+            Ok(job) => hand_to_scheduler(shared, job, tp, offset),
+            Err(e) => dead_letter_record(shared, m, &view, &e, tp),
+        }
+    }
+    let starts = {
+        let mut st = shared.state();
+        for e in runnable {
+            if st.owned.contains_key(&e.tp) {
+                st.tracker.read(e.tp, e.offset);
+                st.table.push(e);
+            }
+        }
+        start_ready(shared, &mut st)
+    };
+    shared.dispatch(starts);
+}
+
+/// A record that does not decode goes to the dead-letter topic with the reason.
+pub(super) fn dead_letter_record(
+    shared: &Shared,
+    m: &BorrowedMessage<'_>,
+    view: &RecordView<'_>,
+    e: &wire::DecodeError,
+    tp: Tp,
+) {
+    let offset = m.offset();
+    if !begin(shared, tp, offset) {
+        return;
+    }
+    warn!(topic = m.topic(), partition = tp.1, offset, reason = %e, "work record dead-lettered");
+    let dead = DeadLetter {
+        reason: e.to_string(),
+        origin_topic: m.topic().to_string(),
+        origin_partition: tp.1,
+        origin_offset: offset,
+    };
+    let rec = wire::dead_letter_record(view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
+    if write_until_done(shared, None, || kafka::send(&shared.raw, &rec, None)) {
+        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        finish_offset(shared, tp, offset, None);
+    }
+}
+
+/// A job read before its run-at goes back to the scheduler.
+pub(super) fn hand_to_scheduler(shared: &Shared, job: Job, tp: Tp, offset: i64) {
+    if !begin(shared, tp, offset) {
+        return;
+    }
+    debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
+    let producer = shared.producer.clone();
+    if write_until_done(shared, None, move || {
+        let producer = producer.clone();
+        let j = job.clone();
+        async move { producer.enqueue(j).await.map(|_| ()) }
+    }) {
+        shared.stats.handed_to_scheduler.fetch_add(1, Ordering::Relaxed);
+        finish_offset(shared, tp, offset, None);
+    }
+}
