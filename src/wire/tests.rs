@@ -1,5 +1,7 @@
-use super::*;
 use proptest::prelude::*;
+
+use super::encode::decimal;
+use super::*;
 
 fn view_of(rec: &OwnedRecord) -> RecordView<'_> {
     rec.view(3, 42, Some(1_700_000_000_000))
