@@ -35,7 +35,8 @@ use rdkafka::Message as _;
 use std::future::IntoFuture;
 
 /// A kairos process, killed with SIGKILL when dropped. Its log (info level)
-/// goes to `<logs>/<pid>.log`, kept when the suite fails.
+/// goes to `<logs>/<role>-<pid>.log`, kept when the suite fails (or when
+/// `KAIROS_KEEP_LOGS` is set).
 struct Proc {
     child: Child,
     args: Vec<String>,
@@ -92,7 +93,7 @@ struct Logs(Option<tempfile::TempDir>);
 
 impl Drop for Logs {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("KAIROS_KEEP_LOGS").is_some() {
             if let Some(dir) = self.0.take() {
                 eprintln!("process logs kept in {}", dir.keep().display());
             }
