@@ -696,7 +696,12 @@ struct Durable {
     fired_direct: u64,
 }
 
-fn throughput_durable(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodies, lead: Duration) -> Durable {
+fn throughput_durable(
+    rt: &tokio::runtime::Runtime,
+    broker: &Broker,
+    bodies: &Bodies,
+    lead: Duration,
+) -> Durable {
     let n = bodies.keys.len() as u64;
     let (cfg, running) = start_scheduler(rt, broker, Rule::On);
     let run_at = now_ms() + lead.as_millis() as i64;

@@ -119,7 +119,8 @@ pub struct SchedulerConfig {
     pub window_capacity: usize,
     /// Most jobs fired in one batch.
     pub fire_batch: usize,
-    /// Most schedule records persisted in one batch (one fsync).
+    /// Most schedule records read in one batch. Batches read while one is
+    /// being persisted are merged and persisted together (one fsync).
     pub ingest_batch: usize,
     /// How often the scheduler logs what it owns, pending counts and lag.
     #[serde(with = "humantime_serde")]

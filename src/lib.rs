@@ -11,6 +11,7 @@
 //! - [`wire`]: the wire contract, a job as a Kafka record (key, value,
 //!   `kairos-*` headers); decoding errors name the header and the reason.
 //! - [`clock`]: injected time, so tests drive the clock instead of sleeping.
+//! - [`hash`]: hash maps with a fast, randomly seeded hasher.
 //! - [`config`]: TOML configuration with `KAIROS_...` environment overrides.
 //! - [`kafka`]: the one place rdkafka clients are built from configuration.
 //! - [`producer`]: enqueue now, `at` a time or `after` a delay; cancel and

@@ -126,7 +126,8 @@ pub struct Status {
     pub replayed: u64,
 }
 
-/// State shared by ingest, dispatch and the rebalance callbacks.
+/// State shared by the service's threads (ingest, apply, probe) and tasks
+/// (dispatch, finish, upkeep), and the rebalance callbacks.
 struct Shared {
     /// Topics, limits and scheduler settings.
     cfg: Config,
@@ -282,8 +283,10 @@ impl Scheduler {
     }
 
     /// Run until `shutdown` completes (or a fatal error): consume, persist,
-    /// fire. On shutdown, the fire in flight finishes, stored offsets are
-    /// committed and the group is left, so partitions move at once.
+    /// fire. On shutdown, the fire in flight finishes and stored offsets are
+    /// committed. A dynamic member then leaves the group, so its partitions
+    /// move at once; a static member (the default) keeps them until it
+    /// comes back or `scheduler.session_timeout` has passed.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), SchedulerError> {
         let shared = self.shared;
         let ingest_shared = shared.clone();
