@@ -15,10 +15,16 @@
 //! as plain text otherwise.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
+
+mod load;
+#[cfg(test)]
+mod tests;
+
+pub use load::{load, load_from, ConfigError, ENV_PREFIX};
 
 pub use crate::wire::Limits;
 
@@ -295,139 +301,6 @@ pub(crate) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Stri
     })
 }
 
-/// Why configuration could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not TOML.
-    #[error("config file {path} is not valid TOML: {message}")]
-    Syntax {
-        /// The file.
-        path: String,
-        /// The parser's message, with line and column.
-        message: String,
-    },
-    /// A key is unknown or a value has the wrong type.
-    #[error("config key `{key}`: {message}")]
-    Key {
-        /// Dotted path of the offending key, e.g. `kafka.brokerz`.
-        key: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// An environment override could not be applied.
-    #[error("environment variable {var}: {message}")]
-    Env {
-        /// The variable's name.
-        var: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// A value is out of its allowed range.
-    #[error("config key `{key}`: {message}")]
-    Invalid {
-        /// Dotted path of the key.
-        key: &'static str,
-        /// What is wrong.
-        message: String,
-    },
-}
-
-/// Prefix of environment overrides.
-pub const ENV_PREFIX: &str = "KAIROS_";
-
-/// Load a configuration section (`T` is [`Config`] or a role's config that
-/// flattens it) from an optional file, then apply `KAIROS_...` overrides from
-/// the process environment.
-pub fn load<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T, ConfigError> {
-    let text = match path {
-        Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-            path: p.to_path_buf(),
-            source,
-        })?,
-        None => String::new(),
-    };
-    let name = path.map_or_else(|| "(none)".to_string(), |p| p.display().to_string());
-    load_from(&name, &text, std::env::vars())
-}
-
-/// Load from TOML text and an explicit set of environment variables (for tests).
-pub fn load_from<T: serde::de::DeserializeOwned>(
-    name: &str,
-    text: &str,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<T, ConfigError> {
-    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax {
-        path: name.to_string(),
-        message: e.to_string(),
-    })?;
-    let mut env: Vec<(String, String)> = env.into_iter().collect();
-    env.sort();
-    for (var, value) in env {
-        if let Some(rest) = var.strip_prefix(ENV_PREFIX) {
-            if rest.contains("__") {
-                apply_env(&mut table, &var, rest, &value)?;
-            }
-        }
-    }
-    let value = toml::Value::Table(table);
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let key = e.path().to_string();
-        ConfigError::Key {
-            key,
-            message: e.into_inner().to_string(),
-        }
-    })
-}
-
-/// The librdkafka maps, where `_` in a variable stands for `.` in the key.
-const PASS_THROUGH_MAPS: [&str; 3] = ["client", "producer", "consumer"];
-
-fn apply_env(table: &mut toml::Table, var: &str, rest: &str, value: &str) -> Result<(), ConfigError> {
-    let parts: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
-    if parts.iter().any(String::is_empty) {
-        return Err(ConfigError::Env {
-            var: var.to_string(),
-            message: "empty name between `__` separators".into(),
-        });
-    }
-    let pass_through =
-        parts.len() == 3 && parts[0] == "kafka" && PASS_THROUGH_MAPS.contains(&parts[1].as_str());
-    let (last, path) = parts.split_last().expect("split yields at least one part");
-    let mut cur = table;
-    for p in path {
-        let entry = cur
-            .entry(p.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        cur = entry.as_table_mut().ok_or_else(|| ConfigError::Env {
-            var: var.to_string(),
-            message: format!("`{p}` is a value, not a section"),
-        })?;
-    }
-    let (key, val) = if pass_through {
-        (last.replace('_', "."), toml::Value::String(value.to_string()))
-    } else {
-        (last.clone(), parse_env_value(value))
-    };
-    cur.insert(key, val);
-    Ok(())
-}
-
-fn parse_env_value(value: &str) -> toml::Value {
-    format!("v = {value}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()))
-}
-
 impl Config {
     /// Check ranges that the types alone cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -500,111 +373,5 @@ impl Config {
             return Err(invalid("scheduler.window", "must be longer than zero"));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn empty_file_gives_defaults() {
-        let c: Config = load_from("t", "", env(&[])).unwrap();
-        assert_eq!(c, Config::default());
-        c.validate().unwrap();
-    }
-
-    #[test]
-    fn shipped_files_parse_and_validate() {
-        for file in ["config/scheduler.toml", "config/worker.toml"] {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-            let text = std::fs::read_to_string(&path).unwrap();
-            let c: toml::Table = text.parse().unwrap();
-            // The file's common sections must load as Config.
-            let cfg: Config = load_from(file, &c.to_string(), env(&[])).unwrap();
-            cfg.validate().unwrap();
-        }
-    }
-
-    #[test]
-    fn unknown_keys_are_named() {
-        let err = load_from::<Config>("t", "[kafka]\nbrokerz = \"x\"\n", env(&[])).unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains("brokerz"), "{text}");
-        let err = load_from::<Config>("t", "[kafak]\n", env(&[])).unwrap_err();
-        assert!(err.to_string().contains("kafak"), "{err}");
-    }
-
-    #[test]
-    fn wrong_types_name_the_key() {
-        let err =
-            load_from::<Config>("t", "[topics]\nschedule_partitions = \"six\"\n", env(&[])).unwrap_err();
-        match err {
-            ConfigError::Key { key, .. } => assert_eq!(key, "topics.schedule_partitions"),
-            other => panic!("{other}"),
-        }
-    }
-
-    #[test]
-    fn syntax_errors_are_reported_with_the_file() {
-        let err = load_from::<Config>("my.toml", "[kafka\n", env(&[])).unwrap_err();
-        assert!(
-            matches!(err, ConfigError::Syntax { ref path, .. } if path == "my.toml"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn environment_overrides_file_and_defaults() {
-        let c: Config = load_from(
-            "t",
-            "[kafka]\nbrokers = \"file:9092\"\n[kafka.client]\n\"socket.timeout.ms\" = 1000\n",
-            env(&[
-                ("KAIROS_KAFKA__BROKERS", "env:9092"),
-                ("KAIROS_KAFKA__CLIENT__SASL_PASSWORD", "s3cret"),
-                ("KAIROS_KAFKA__PRODUCER__COMPRESSION_TYPE", "zstd"),
-                ("KAIROS_TOPICS__SCHEDULE_PARTITIONS", "12"),
-                ("KAIROS_TOPICS__WORK", "a, b"),
-                ("KAIROS_LIMITS__ALLOW_EMPTY_PAYLOAD", "true"),
-                ("KAIROS_KAFKA__PRODUCE_TIMEOUT", "5s"),
-                ("KAIROS_CONFIG", "ignored: no double underscore"),
-                ("OTHER__THING", "ignored: no prefix"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.kafka.brokers, "env:9092");
-        assert_eq!(c.kafka.client["socket.timeout.ms"], PassThrough::from("1000"));
-        assert_eq!(c.kafka.client["sasl.password"], PassThrough::from("s3cret"));
-        assert_eq!(c.kafka.producer["compression.type"], PassThrough::from("zstd"));
-        assert_eq!(c.topics.schedule_partitions, 12);
-        assert_eq!(c.topics.work, vec!["a", "b"]);
-        assert!(c.limits.allow_empty_payload);
-        assert_eq!(c.kafka.produce_timeout, Duration::from_secs(5));
-    }
-
-    #[test]
-    fn unknown_environment_keys_are_errors_too() {
-        let err = load_from::<Config>("t", "", env(&[("KAIROS_KAFKA__BROKER", "x")])).unwrap_err();
-        assert!(err.to_string().contains("broker"), "{err}");
-    }
-
-    #[test]
-    fn validation_rejects_out_of_range_values() {
-        let mut c = Config::default();
-        c.topics.schedule_partitions = 0;
-        assert!(matches!(
-            c.validate(),
-            Err(ConfigError::Invalid {
-                key: "topics.schedule_partitions",
-                ..
-            })
-        ));
     }
 }

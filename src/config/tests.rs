@@ -1,0 +1,103 @@
+use std::path::Path;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c: Config = load_from("t", "", env(&[])).unwrap();
+    assert_eq!(c, Config::default());
+    c.validate().unwrap();
+}
+
+#[test]
+fn shipped_files_parse_and_validate() {
+    for file in ["config/scheduler.toml", "config/worker.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c: toml::Table = text.parse().unwrap();
+        // The file's common sections must load as Config.
+        let cfg: Config = load_from(file, &c.to_string(), env(&[])).unwrap();
+        cfg.validate().unwrap();
+    }
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    let err = load_from::<Config>("t", "[kafka]\nbrokerz = \"x\"\n", env(&[])).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("brokerz"), "{text}");
+    let err = load_from::<Config>("t", "[kafak]\n", env(&[])).unwrap_err();
+    assert!(err.to_string().contains("kafak"), "{err}");
+}
+
+#[test]
+fn wrong_types_name_the_key() {
+    let err = load_from::<Config>("t", "[topics]\nschedule_partitions = \"six\"\n", env(&[])).unwrap_err();
+    match err {
+        ConfigError::Key { key, .. } => assert_eq!(key, "topics.schedule_partitions"),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn syntax_errors_are_reported_with_the_file() {
+    let err = load_from::<Config>("my.toml", "[kafka\n", env(&[])).unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Syntax { ref path, .. } if path == "my.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn environment_overrides_file_and_defaults() {
+    let c: Config = load_from(
+        "t",
+        "[kafka]\nbrokers = \"file:9092\"\n[kafka.client]\n\"socket.timeout.ms\" = 1000\n",
+        env(&[
+            ("KAIROS_KAFKA__BROKERS", "env:9092"),
+            ("KAIROS_KAFKA__CLIENT__SASL_PASSWORD", "s3cret"),
+            ("KAIROS_KAFKA__PRODUCER__COMPRESSION_TYPE", "zstd"),
+            ("KAIROS_TOPICS__SCHEDULE_PARTITIONS", "12"),
+            ("KAIROS_TOPICS__WORK", "a, b"),
+            ("KAIROS_LIMITS__ALLOW_EMPTY_PAYLOAD", "true"),
+            ("KAIROS_KAFKA__PRODUCE_TIMEOUT", "5s"),
+            ("KAIROS_CONFIG", "ignored: no double underscore"),
+            ("OTHER__THING", "ignored: no prefix"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.kafka.brokers, "env:9092");
+    assert_eq!(c.kafka.client["socket.timeout.ms"], PassThrough::from("1000"));
+    assert_eq!(c.kafka.client["sasl.password"], PassThrough::from("s3cret"));
+    assert_eq!(c.kafka.producer["compression.type"], PassThrough::from("zstd"));
+    assert_eq!(c.topics.schedule_partitions, 12);
+    assert_eq!(c.topics.work, vec!["a", "b"]);
+    assert!(c.limits.allow_empty_payload);
+    assert_eq!(c.kafka.produce_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn unknown_environment_keys_are_errors_too() {
+    let err = load_from::<Config>("t", "", env(&[("KAIROS_KAFKA__BROKER", "x")])).unwrap_err();
+    assert!(err.to_string().contains("broker"), "{err}");
+}
+
+#[test]
+fn validation_rejects_out_of_range_values() {
+    let mut c = Config::default();
+    c.topics.schedule_partitions = 0;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::Invalid {
+            key: "topics.schedule_partitions",
+            ..
+        })
+    ));
+}

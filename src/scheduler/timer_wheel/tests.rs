@@ -1,0 +1,205 @@
+use super::*;
+use crate::job::Job;
+use crate::scheduler::store::Change;
+use chrono::{TimeZone, Utc};
+
+fn put(key: &str, ms: i64, seq: u64) -> Change {
+    let job = Job::new("jobs", key, b"p".to_vec()).at(Utc.timestamp_millis_opt(ms).unwrap());
+    Change::Put(StoredJob { job, seq })
+}
+
+/// Take due jobs with every partition read to its end.
+fn take(w: &mut TimerWheel, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
+    let until = w.partitions().into_iter().map(|p| (p, i64::MAX)).collect();
+    w.take_due(now_ms, max, &until).jobs
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path(), 1 << 20).unwrap();
+    (d, s)
+}
+
+#[test]
+fn holds_only_the_span_and_refills_as_time_moves() {
+    let (_d, s) = store();
+    let changes: Vec<Change> = (0..100).map(|i| put("k", i * 1000, i as u64)).collect();
+    s.apply(0, &changes, None).unwrap();
+    let mut w = TimerWheel::new(10_000, 1000);
+    w.add_partition(0);
+    w.refill(&s, 0).unwrap();
+    assert_eq!(w.len(), 11, "run-at 0..=10s");
+    assert_eq!(take(&mut w, 5_000, 100).len(), 6);
+    assert_eq!(w.refill_due_ms(), Some(5_000));
+    w.refill(&s, 50_000).unwrap();
+    assert_eq!(w.next_after_ms(i64::MIN), Some(6_000));
+    assert_eq!(w.len(), 55, "6s..=60s");
+}
+
+#[test]
+fn capacity_bounds_memory_and_nothing_is_skipped() {
+    let (_d, s) = store();
+    let changes: Vec<Change> = (0..50).map(|i| put("k", 1000, i)).collect();
+    s.apply(0, &changes, None).unwrap();
+    let mut w = TimerWheel::new(60_000, 8);
+    w.add_partition(0);
+    let mut fired = Vec::new();
+    for _ in 0..20 {
+        w.refill(&s, 1000).unwrap();
+        assert!(w.len() <= 8);
+        let batch = take(&mut w, 1000, 3);
+        for (k, _) in &batch {
+            s.apply(0, &[Change::Delete(batch_id(&s, k, &batch))], None)
+                .unwrap();
+        }
+        fired.extend(batch.into_iter().map(|(k, _)| k.seq));
+    }
+    assert_eq!(
+        fired,
+        (0..50).collect::<Vec<u64>>(),
+        "every job once, in arrival order"
+    );
+}
+
+fn batch_id(_s: &Store, k: &DueKey, batch: &[(DueKey, StoredJob)]) -> crate::JobId {
+    batch.iter().find(|(kk, _)| kk == k).unwrap().1.job.id
+}
+
+#[test]
+fn new_jobs_inside_the_horizon_enter_at_once_later_ones_wait() {
+    let (_d, s) = store();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    w.refill(&s, 0).unwrap();
+    let applied = s
+        .apply(0, &[put("soon", 5_000, 1), put("late", 60_000, 2)], None)
+        .unwrap();
+    w.follow(&applied);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w.next_after_ms(i64::MIN), Some(5_000));
+    take(&mut w, 5_000, 10);
+    w.refill(&s, 55_000).unwrap();
+    assert_eq!(w.next_after_ms(i64::MIN), Some(60_000));
+}
+
+fn key(ms: i64, seq: u64) -> DueKey {
+    DueKey {
+        run_at_ms: ms,
+        partition: 0,
+        seq,
+    }
+}
+
+fn sj(ms: i64, seq: u64) -> StoredJob {
+    match put("d", ms, seq) {
+        Change::Put(s) => s,
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
+    let (_d, s) = store();
+    let mut w = TimerWheel::new(10_000, 4);
+    w.add_partition(0);
+    let first = sj(0, 1);
+    assert_eq!(
+        w.add_direct(key(0, 1), first.clone()),
+        Some(first),
+        "nothing mirrored yet"
+    );
+    w.refill(&s, 0).unwrap();
+    assert!(
+        w.add_direct(key(20_000, 2), sj(20_000, 2)).is_some(),
+        "beyond the horizon"
+    );
+    assert!(w.add_direct(key(0, 3), sj(0, 3)).is_none());
+    assert!(w.add_direct(key(5, 4), sj(5, 4)).is_none());
+    assert!(
+        w.add_direct(key(6, 5), sj(6, 5)).is_some(),
+        "at most half the capacity"
+    );
+    // Stored jobs fill the rest; over capacity, stored ones make room.
+    let applied = s
+        .apply(0, &[put("a", 1, 10), put("b", 2, 11), put("c", 3, 12)], None)
+        .unwrap();
+    w.follow(&applied);
+    assert_eq!(w.len(), 4);
+    assert_eq!(w.direct_len(), 2);
+    // Room was made by dropping stored job c (3 ms): the direct job at
+    // 5 ms waits until c is back, so they fire in run-at order.
+    let seqs = |due: &[(DueKey, StoredJob)]| due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>();
+    let first = take(&mut w, 10, 10);
+    assert_eq!(seqs(&first), vec![3, 10, 11]);
+    w.refill(&s, 10).unwrap();
+    let second = take(&mut w, 10, 10);
+    assert_eq!(seqs(&second), vec![12, 4]);
+    let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
+    let direct = w.take_direct(&due);
+    assert_eq!(direct, HashSet::from_iter([key(0, 3), key(5, 4)]));
+    assert_eq!(w.direct_len(), 0);
+    // A failed fire puts them back, direct again.
+    w.put_back(due, &direct);
+    assert_eq!(w.direct_len(), 2);
+    w.remove_partition(0);
+    assert_eq!((w.len(), w.direct_len()), (0, 0));
+}
+
+#[test]
+fn removing_a_partition_drops_its_jobs() {
+    let (_d, s) = store();
+    s.apply(0, &[put("a", 0, 1)], None).unwrap();
+    s.apply(1, &[put("b", 0, 1)], None).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    w.add_partition(1);
+    w.refill(&s, 0).unwrap();
+    assert_eq!(w.len(), 2);
+    w.remove_partition(0);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w.partitions(), vec![1]);
+    let applied = s.apply(0, &[put("c", 0, 2)], None).unwrap();
+    w.follow(&applied);
+    assert_eq!(w.len(), 1, "jobs of partitions not owned stay out");
+}
+
+#[test]
+fn jobs_wait_for_their_partition_to_be_read_up_to_their_run_at() {
+    let (_d, s) = store();
+    s.apply(0, &[put("a", 100, 1), put("b", 300, 2)], None).unwrap();
+    s.apply(1, &[put("c", 200, 1)], None).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    w.add_partition(1);
+    w.refill(&s, 0).unwrap();
+    let until: HashMap<i32, i64> = [(0, 150)].into_iter().collect();
+    let due = w.take_due(1_000, 10, &until);
+    assert_eq!(due.jobs.len(), 1, "only a: b waits for partition 0, c for 1");
+    assert_eq!(due.held, [(0, 300), (1, 200)].into_iter().collect());
+    assert_eq!(w.next_after_ms(1_000), None, "nothing new comes due");
+    assert_eq!(w.next_after_ms(250), Some(300));
+    assert!(w.is_firing(0, &due.jobs[0].1.job.id));
+    w.fired(&due.jobs);
+    assert!(!w.is_firing(0, &due.jobs[0].1.job.id));
+    let until: HashMap<i32, i64> = [(0, 1_000), (1, 1_000)].into_iter().collect();
+    assert_eq!(w.take_due(1_000, 10, &until).jobs.len(), 2);
+}
+
+#[test]
+fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
+    let (_d, s) = store();
+    s.apply(0, &[put("a", 100, 1)], None).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    w.refill(&s, 0).unwrap();
+    let stored = w.entries.values().next().unwrap().job.id;
+    w.changing(0, stored);
+    let d = sj(50, 7);
+    assert!(w.add_direct(key(50, 7), d.clone()).is_none());
+    let taken = w.take_direct_job(0, &d.job.id).expect("direct job taken out");
+    assert_eq!(taken, (key(50, 7), d.clone()));
+    assert!(w.take_direct_job(0, &d.job.id).is_none());
+    assert!(take(&mut w, 1_000, 10).is_empty(), "a is being changed");
+    w.changed([(0, stored)]);
+    assert_eq!(take(&mut w, 1_000, 10).len(), 1);
+}
