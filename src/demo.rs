@@ -141,11 +141,15 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let scheduler = Scheduler::new(&cfg, crate::clock::system()).map_err(failed)?;
+    let member = scheduler
+        .instance_id()
+        .map_or("a dynamic member".to_string(), |id| format!("static member {id}"));
     let sched = scheduler.handle();
     let st = stop.clone();
     let sched_task = tokio::spawn(scheduler.run(async move { st.cancelled().await }));
     println!(
-        "scheduler  started; pending jobs kept in {}",
+        "scheduler  started as {member} (a restart takes its partitions back at once);\n           \
+         pending jobs kept in {}",
         cfg.scheduler.data_dir.display()
     );
 

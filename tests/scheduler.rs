@@ -752,3 +752,74 @@ async fn records_read_again_on_the_same_store_do_not_fire_again() {
 async fn records_read_again_by_another_instance_do_not_fire_again() {
     records_read_again_after_a_kill_do_not_fire_again(true).await;
 }
+
+/// A store that comes back after its changelog records were compacted away
+/// does not trust its copy: the changelog keeps a tombstone for a day, so
+/// a job cancelled (or fired) by another instance meanwhile would otherwise
+/// come back and fire. Compaction is emulated by deleting the changelog's
+/// records (Kafka's DeleteRecords), which moves its start past the store's
+/// checkpoint as compaction and tombstone expiry would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancelled_job() {
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|c| {
+        c.topics.schedule_partitions = 1;
+        // Each instance hands its partition over at once when it stops.
+        c.scheduler.static_membership = false;
+    })
+    .await;
+    let base = Utc::now();
+    let clock = kairos::ManualClock::new(base);
+    // The first instance stores a job due in 100 s and stops.
+    let first = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&first, 1);
+    let cancelled = Job::new(&work, "key-1", b"x".to_vec()).at(base + chrono::Duration::seconds(100));
+    enqueue_all(&producer, vec![cancelled.clone()]).await;
+    wait_for("the job stored", T, || {
+        (first.handle.status().pending == 1).then_some(())
+    });
+    first.stop().await;
+    // Another instance, with its own store, cancels it.
+    let mut other = cfg.clone();
+    other.scheduler.data_dir = dir.path().join("b");
+    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
+    wait_owned(&second, 1);
+    producer.cancel(cancelled.id).await.unwrap();
+    wait_for("the cancel applied", T, || {
+        (second.handle.status().cancelled == 1).then_some(())
+    });
+    second.stop().await;
+    // Compaction removes the job's record and, a day later, its tombstone.
+    let admin = kairos::kafka::admin(&cfg.kafka).unwrap();
+    let mut everything = rdkafka::TopicPartitionList::new();
+    everything
+        .add_partition_offset(&cfg.topics.changelog, 0, rdkafka::Offset::End)
+        .unwrap();
+    let deleted = admin
+        .delete_records(&everything, &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(deleted.elements()[0].error().is_ok(), "{deleted:?}");
+    // A control job due a second after the cancelled one, same partition.
+    let control = Job::new(&work, "key-2", b"y".to_vec()).at(base + chrono::Duration::seconds(101));
+    enqueue_all(&producer, vec![control.clone()]).await;
+    // The first instance comes back on its old store after both run-ats.
+    clock.set(base + chrono::Duration::seconds(200));
+    let again = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    // Once the control has fired and nothing is left pending or in memory,
+    // the cancelled job, had it come back, would have fired too.
+    wait_for("the control to fire and nothing to be left", T, || {
+        let st = again.handle.status();
+        (st.fired >= 1 && st.pending == 0 && st.in_memory == 0).then_some(())
+    });
+    let n = record_count(&cfg.kafka.brokers, &work) as usize;
+    let fired = read_n(&cfg.kafka.brokers, &work, n, T);
+    let ids: Vec<JobId> = fired.iter().map(|m| job_of(m).id).collect();
+    assert_eq!(ids, vec![control.id], "only the control fires");
+    again.stop().await;
+}

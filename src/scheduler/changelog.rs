@@ -9,14 +9,14 @@
 //! [`Checkpoint::schedule_next`](crate::scheduler::store::Checkpoint)), so
 //! that a new owner does not act again on records whose jobs already fired.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::job::JobId;
 use crate::scheduler::store::{Change, PartitionWrite, Store};
@@ -90,6 +90,14 @@ pub enum RebuildError {
 /// changelog, each from the store's checkpoint. Returns the number of
 /// job records read per partition.
 ///
+/// When records after the checkpoint are gone (the changelog's start moved
+/// past it, or its first record there is further on: compaction removed
+/// them, tombstones included, once the store had been away longer than the
+/// changelog keeps tombstones), the store's copy cannot be trusted: a job
+/// that fired or was cancelled elsewhere would come back. The partition is
+/// then cleared, its cascade point placed again at `cascade_to`, and read
+/// from the changelog's start.
+///
 /// `client` holds the connection settings (bootstrap servers, TLS, SASL); one
 /// private consumer with no group reads every partition at once.
 pub fn catch_up(
@@ -97,6 +105,7 @@ pub fn catch_up(
     topic: &str,
     partitions: &[i32],
     store: &Store,
+    cascade_to: i64,
     timeout: Duration,
 ) -> Result<HashMap<i32, u64>, RebuildError> {
     let kafka = |partition, source| RebuildError::Kafka { partition, source };
@@ -111,11 +120,22 @@ pub fn catch_up(
     // Per partition still to read: (next offset, end).
     let mut todo: HashMap<i32, (i64, i64)> = HashMap::new();
     let mut tpl = TopicPartitionList::new();
+    // The log start of each partition, and the partitions read from the
+    // store's checkpoint (whose first record is checked for a gap).
+    let mut lows: HashMap<i32, i64> = HashMap::new();
+    let mut from_checkpoint: HashSet<i32> = HashSet::new();
     for &p in partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka(p, e))?;
-        let start = store.checkpoint(p)?.changelog_next.max(low);
+        lows.insert(p, low);
+        let checkpoint = store.checkpoint(p)?.changelog_next;
+        if checkpoint < low && store.knows(p)? {
+            forget(store, p, cascade_to, checkpoint, low)?;
+        } else if checkpoint > low {
+            from_checkpoint.insert(p);
+        }
+        let start = checkpoint.max(low);
         if start >= high {
             store.apply(p, &[], Some(high))?;
             debug!(partition = p, high, "changelog: nothing to catch up");
@@ -129,7 +149,7 @@ pub fn catch_up(
         return Ok(read);
     }
     consumer.assign(&tpl).map_err(|e| kafka(first, e))?;
-    let started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
+    let mut started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
     let deadline = Instant::now() + timeout;
     let mut parts: HashMap<i32, Replayed> = HashMap::new();
     while let Some((&p, &(at, end))) = todo.iter().find(|(_, (at, end))| at < end) {
@@ -149,6 +169,21 @@ pub fn catch_up(
         let Some((at, _)) = todo.get_mut(&p) else {
             continue; // not assigned here
         };
+        if from_checkpoint.remove(&p) && msg.offset() > *at {
+            // Records after the checkpoint were compacted away, and with
+            // them perhaps the tombstones of jobs that fired or were
+            // cancelled elsewhere: read the partition again from its start.
+            let low = lows[&p];
+            forget(store, p, cascade_to, *at, msg.offset())?;
+            consumer
+                .seek(topic, p, Offset::Offset(low), timeout)
+                .map_err(|e| kafka(p, e))?;
+            *at = low;
+            started.insert(p, low);
+            read.insert(p, 0);
+            parts.remove(&p);
+            continue;
+        }
         *at = msg.offset() + 1;
         let next = *at;
         let part = parts.entry(p).or_default();
@@ -191,6 +226,29 @@ pub fn catch_up(
         );
     }
     Ok(read)
+}
+
+/// Drop the store's copy of `partition` (its records from `checkpoint` on
+/// are gone from the changelog: the store was away longer than the
+/// changelog keeps tombstones, so a job that fired or was cancelled
+/// elsewhere could come back) and place its cascade point again, before a
+/// rebuild from the changelog's start.
+fn forget(
+    store: &Store,
+    partition: i32,
+    cascade_to: i64,
+    checkpoint: i64,
+    first: i64,
+) -> Result<(), RebuildError> {
+    warn!(
+        partition,
+        checkpoint,
+        first_available = first,
+        "changelog records after this store's checkpoint were compacted away; rebuilding the partition from the changelog"
+    );
+    store.clear_partition(partition)?;
+    store.cascade(partition, cascade_to)?;
+    Ok(())
 }
 
 /// What a partition's changelog records read so far do, not yet applied.

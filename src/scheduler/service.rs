@@ -259,6 +259,12 @@ impl Scheduler {
         status(&self.shared)
     }
 
+    /// The id this instance joins its group with as a static member
+    /// (`group.instance.id`), or `None` for dynamic membership.
+    pub fn instance_id(&self) -> Option<&str> {
+        self.shared.instance_id.as_deref()
+    }
+
     /// Wake the dispatcher to look at the clock again (tests that drive a
     /// manual clock call this after moving it).
     pub fn wake(&self) {

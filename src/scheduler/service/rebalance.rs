@@ -85,8 +85,9 @@ impl ConsumerContext for Ctx {
                 let started = Instant::now();
                 // Place the cascade points before the rebuild, so that the
                 // replayed jobs land at their final level at once.
+                let cascade_to = cascade_until(&self.shared);
                 for p in &parts {
-                    if let Err(e) = self.shared.store.cascade(*p, cascade_until(&self.shared)) {
+                    if let Err(e) = self.shared.store.cascade(*p, cascade_to) {
                         self.shared.fail(format!("preparing partition {p}: {e}"));
                         return;
                     }
@@ -96,6 +97,7 @@ impl ConsumerContext for Ctx {
                     &self.shared.cfg.topics.changelog,
                     &parts,
                     &self.shared.store,
+                    cascade_to,
                     self.shared.cfg.scheduler.rebuild_timeout,
                 ) {
                     Ok(read) => read,
