@@ -130,10 +130,14 @@ pub fn catch_up(
             .map_err(|e| kafka(p, e))?;
         lows.insert(p, low);
         let checkpoint = store.checkpoint(p)?.changelog_next;
-        if checkpoint < low && store.knows(p)? {
-            forget(store, p, cascade_to, checkpoint, low)?;
-        } else if checkpoint > low {
-            from_checkpoint.insert(p);
+        // 0: the store never applied a changelog record of `p` (whatever
+        // it holds came with one), so it has nothing to distrust.
+        if checkpoint > 0 {
+            if checkpoint < low {
+                forget(store, p, cascade_to, checkpoint, low)?;
+            } else {
+                from_checkpoint.insert(p);
+            }
         }
         let start = checkpoint.max(low);
         if start >= high {
