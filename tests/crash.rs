@@ -497,10 +497,15 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
         logs.0.as_ref().unwrap().path().to_path_buf(),
     );
 
-    // A job every 100 ms, due 1.5 s after it is written (so it is stored
-    // and goes through the changelog), while the scheduler is killed.
+    // The scheduler is up and owns its partitions once a first job fires.
     let producer = Producer::new(&cfg).unwrap();
     let work = cfg.topics.work[0].clone();
+    let first =
+        Job::new(&work, "ready", b"ready".to_vec()).at(Utc::now() + chrono::Duration::milliseconds(300));
+    enqueue_retrying(&producer, vec![first.clone()]).await;
+    wait_until_fired(&cfg.kafka.brokers, &work, &[first.id], Duration::from_secs(60));
+    // A job every 100 ms, due 1.5 s after it is written (so it is stored
+    // and goes through the changelog), while the scheduler is killed.
     let writing = tokio_util::sync::CancellationToken::new();
     let stop_writing = writing.clone();
     let writer = tokio::spawn(async move {
@@ -524,10 +529,13 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
     }
     writing.cancel();
     let run_at = writer.await.unwrap();
-    let fired = wait_for("every job to fire", Duration::from_secs(120), || {
-        let fired = fire_times(&cfg.kafka.brokers, &cfg.topics.work[0]);
-        run_at.keys().all(|id| fired.contains_key(id)).then_some(fired)
-    });
+    let ids: Vec<JobId> = run_at.keys().copied().collect();
+    let fired = wait_until_fired(
+        &cfg.kafka.brokers,
+        &cfg.topics.work[0],
+        &ids,
+        Duration::from_secs(120),
+    );
     drop(scheduler);
     let mut late: Vec<i64> = run_at.iter().map(|(id, at)| fired[id] - at).collect();
     late.sort_unstable();
@@ -545,6 +553,25 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
         "a job fired {} ms late (more than 5 s)",
         late[late.len() - 1]
     );
+}
+
+/// Wait until every one of `ids` has fired on `topic` (looking twice a
+/// second); returns each fired job's first fire time.
+fn wait_until_fired(brokers: &str, topic: &str, ids: &[JobId], timeout: Duration) -> HashMap<JobId, i64> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let fired = fire_times(brokers, topic);
+        if ids.iter().all(|id| fired.contains_key(id)) {
+            return fired;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} jobs fired within {timeout:?}",
+            ids.iter().filter(|id| fired.contains_key(id)).count(),
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Each job's first fire on `topic`: job id → record timestamp (ms).

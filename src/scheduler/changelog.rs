@@ -9,7 +9,7 @@
 //! [`Checkpoint::schedule_next`](crate::scheduler::store::Checkpoint)), so
 //! that a new owner does not act again on records whose jobs already fired.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -90,13 +90,13 @@ pub enum RebuildError {
 /// changelog, each from the store's checkpoint. Returns the number of
 /// job records read per partition.
 ///
-/// When records after the checkpoint are gone (the changelog's start moved
-/// past it, or its first record there is further on: compaction removed
-/// them, tombstones included, once the store had been away longer than the
-/// changelog keeps tombstones), the store's copy cannot be trusted: a job
-/// that fired or was cancelled elsewhere would come back. The partition is
-/// then cleared, its cascade point placed again at `cascade_to`, and read
-/// from the changelog's start.
+/// When the changelog's start has moved past the checkpoint (records were
+/// deleted: retention on a `compact,delete` changelog, or DeleteRecords),
+/// the store's copy cannot be trusted: a job that fired or was cancelled
+/// elsewhere meanwhile would come back. The partition is then cleared, its
+/// cascade point placed again at `cascade_to`, and read from the
+/// changelog's start. (Compaction alone leaves the start where it is; a
+/// store away longer than the changelog keeps tombstones is not detected.)
 ///
 /// `client` holds the connection settings (bootstrap servers, TLS, SASL); one
 /// private consumer with no group reads every partition at once.
@@ -120,24 +120,15 @@ pub fn catch_up(
     // Per partition still to read: (next offset, end).
     let mut todo: HashMap<i32, (i64, i64)> = HashMap::new();
     let mut tpl = TopicPartitionList::new();
-    // The log start of each partition, and the partitions read from the
-    // store's checkpoint (whose first record is checked for a gap).
-    let mut lows: HashMap<i32, i64> = HashMap::new();
-    let mut from_checkpoint: HashSet<i32> = HashSet::new();
     for &p in partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka(p, e))?;
-        lows.insert(p, low);
         let checkpoint = store.checkpoint(p)?.changelog_next;
         // 0: the store never applied a changelog record of `p` (whatever
         // it holds came with one), so it has nothing to distrust.
-        if checkpoint > 0 {
-            if checkpoint < low {
-                forget(store, p, cascade_to, checkpoint, low)?;
-            } else {
-                from_checkpoint.insert(p);
-            }
+        if checkpoint > 0 && checkpoint < low {
+            forget(store, p, cascade_to, checkpoint, low)?;
         }
         let start = checkpoint.max(low);
         if start >= high {
@@ -153,7 +144,7 @@ pub fn catch_up(
         return Ok(read);
     }
     consumer.assign(&tpl).map_err(|e| kafka(first, e))?;
-    let mut started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
+    let started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
     let deadline = Instant::now() + timeout;
     let mut parts: HashMap<i32, Replayed> = HashMap::new();
     while let Some((&p, &(at, end))) = todo.iter().find(|(_, (at, end))| at < end) {
@@ -173,21 +164,6 @@ pub fn catch_up(
         let Some((at, _)) = todo.get_mut(&p) else {
             continue; // not assigned here
         };
-        if from_checkpoint.remove(&p) && msg.offset() > *at {
-            // Records after the checkpoint were compacted away, and with
-            // them perhaps the tombstones of jobs that fired or were
-            // cancelled elsewhere: read the partition again from its start.
-            let low = lows[&p];
-            forget(store, p, cascade_to, *at, msg.offset())?;
-            consumer
-                .seek(topic, p, Offset::Offset(low), timeout)
-                .map_err(|e| kafka(p, e))?;
-            *at = low;
-            started.insert(p, low);
-            read.insert(p, 0);
-            parts.remove(&p);
-            continue;
-        }
         *at = msg.offset() + 1;
         let next = *at;
         let part = parts.entry(p).or_default();
@@ -233,10 +209,9 @@ pub fn catch_up(
 }
 
 /// Drop the store's copy of `partition` (its records from `checkpoint` on
-/// are gone from the changelog: the store was away longer than the
-/// changelog keeps tombstones, so a job that fired or was cancelled
-/// elsewhere could come back) and place its cascade point again, before a
-/// rebuild from the changelog's start.
+/// are gone from the changelog, tombstones perhaps among them, so a job
+/// that fired or was cancelled elsewhere could come back) and place its
+/// cascade point again, before a rebuild from the changelog's start.
 fn forget(
     store: &Store,
     partition: i32,
@@ -248,10 +223,17 @@ fn forget(
         partition,
         checkpoint,
         first_available = first,
-        "changelog records after this store's checkpoint were compacted away; rebuilding the partition from the changelog"
+        "changelog records after this store's checkpoint are gone; rebuilding the partition from the changelog"
     );
+    // How far the schedule partition was handled stays true: records read
+    // again below it must still be skipped.
+    let handled = store.checkpoint(partition)?.schedule_next;
     store.clear_partition(partition)?;
     store.cascade(partition, cascade_to)?;
+    store.apply_all(&[PartitionWrite {
+        schedule_next: Some(handled),
+        ..PartitionWrite::new(partition, &[])
+    }])?;
     Ok(())
 }
 

@@ -260,9 +260,14 @@ impl Scheduler {
     }
 
     /// The id this instance joins its group with as a static member
-    /// (`group.instance.id`), or `None` for dynamic membership.
+    /// (`group.instance.id`, also when `[kafka.consumer]` sets it), or
+    /// `None` for dynamic membership.
     pub fn instance_id(&self) -> Option<&str> {
-        self.shared.instance_id.as_deref()
+        let configured = || self.shared.cfg.kafka.consumer.get("group.instance.id");
+        self.shared
+            .instance_id
+            .as_deref()
+            .or_else(|| configured().map(|v| v.0.as_str()))
     }
 
     /// Wake the dispatcher to look at the clock again (tests that drive a

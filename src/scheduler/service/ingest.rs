@@ -88,21 +88,27 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     let mut last_report = Instant::now();
     // Kept from batch to batch: growing it anew each time showed in profiles.
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
+    // A fatal consumer error: the loop ends, the apply thread is let go, and
+    // the error is returned.
+    let mut fatal = None;
     while !shared.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
-            Some(Err(e)) => consumer_error(&consumer, &e)?,
+            Some(Err(e)) => fatal = consumer_error(&consumer, &e).err(),
             Some(Ok(m)) => msgs.push(m),
         }
-        while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
+        while fatal.is_none() && !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
             match consumer.poll(Duration::ZERO) {
                 Some(Ok(m)) => msgs.push(m),
                 Some(Err(e)) => {
-                    consumer_error(&consumer, &e)?;
+                    fatal = consumer_error(&consumer, &e).err();
                     break;
                 }
                 None => break,
             }
+        }
+        if fatal.is_some() {
+            break;
         }
         if !msgs.is_empty() {
             if shared.stop.is_cancelled() {
@@ -124,6 +130,9 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     applier
         .join()
         .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
+    if let Some(e) = fatal {
+        return Err(e);
+    }
     shared.store_offsets(&consumer);
     match consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
