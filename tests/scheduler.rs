@@ -823,3 +823,57 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
     assert_eq!(ids, vec![control.id], "only the control fires");
     again.stop().await;
 }
+
+/// A store away longer than the changelog keeps tombstones (half of its
+/// `delete.retention.ms`, a day from `topics init`, to spare) rebuilds its
+/// partitions from the changelog instead of trusting its copy: compaction
+/// may have removed the tombstones of jobs fired or cancelled meanwhile. A
+/// store away an hour replays only what changed. Time is a manual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_away_longer_than_tombstones_are_kept_rebuilds_from_the_changelog() {
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        producer,
+    } = set_up(|c| {
+        c.topics.schedule_partitions = 1;
+        c.scheduler.static_membership = false;
+    })
+    .await;
+    let base = Utc::now();
+    let clock = kairos::ManualClock::new(base);
+    let first = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&first, 1);
+    let job = Job::new(&work, "key-1", b"x".to_vec()).at(base + chrono::Duration::days(3));
+    enqueue_all(&producer, vec![job.clone()]).await;
+    wait_for("the job stored", T, || {
+        (first.handle.status().pending == 1).then_some(())
+    });
+    first.stop().await;
+    // Another instance cancels it: a tombstone in the changelog.
+    let mut other = cfg.clone();
+    other.scheduler.data_dir = dir.path().join("b");
+    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
+    wait_owned(&second, 1);
+    producer.cancel(job.id).await.unwrap();
+    wait_for("the cancel applied", T, || {
+        (second.handle.status().cancelled == 1).then_some(())
+    });
+    second.stop().await;
+    // Back an hour later: only the tombstone is replayed.
+    clock.advance(chrono::Duration::hours(1));
+    let back = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&back, 1);
+    let st = back.handle.status();
+    assert_eq!((st.pending, st.replayed), (0, 1), "{st:?}");
+    back.stop().await;
+    // Back two days later: the whole changelog is replayed.
+    clock.advance(chrono::Duration::days(2));
+    let late = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&late, 1);
+    let st = late.handle.status();
+    assert_eq!((st.pending, st.replayed), (0, 2), "{st:?}");
+    late.stop().await;
+}

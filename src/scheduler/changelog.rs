@@ -92,11 +92,11 @@ pub enum RebuildError {
 ///
 /// When the changelog's start has moved past the checkpoint (records were
 /// deleted: retention on a `compact,delete` changelog, or DeleteRecords),
-/// the store's copy cannot be trusted: a job that fired or was cancelled
-/// elsewhere meanwhile would come back. The partition is then cleared, its
-/// cascade point placed again at `cascade_to`, and read from the
-/// changelog's start. (Compaction alone leaves the start where it is; a
-/// store away longer than the changelog keeps tombstones is not detected.)
+/// or the partition is among `stale` (its store was away longer than the
+/// changelog keeps tombstones: see [`away_too_long`]), the store's copy
+/// cannot be trusted: a job that fired or was cancelled elsewhere
+/// meanwhile would come back. The partition is then cleared, its cascade
+/// point placed again at `cascade_to`, and read from the changelog's start.
 ///
 /// `client` holds the connection settings (bootstrap servers, TLS, SASL); one
 /// private consumer with no group reads every partition at once.
@@ -106,6 +106,7 @@ pub fn catch_up(
     partitions: &[i32],
     store: &Store,
     cascade_to: i64,
+    stale: &[i32],
     timeout: Duration,
 ) -> Result<HashMap<i32, u64>, RebuildError> {
     let kafka = |partition, source| RebuildError::Kafka { partition, source };
@@ -124,11 +125,17 @@ pub fn catch_up(
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka(p, e))?;
-        let checkpoint = store.checkpoint(p)?.changelog_next;
+        let mut checkpoint = store.checkpoint(p)?.changelog_next;
         // 0: the store never applied a changelog record of `p` (whatever
         // it holds came with one), so it has nothing to distrust.
-        if checkpoint > 0 && checkpoint < low {
-            forget(store, p, cascade_to, checkpoint, low)?;
+        if checkpoint > 0 && (checkpoint < low || stale.contains(&p)) {
+            let why = if checkpoint < low {
+                "the changelog's records after this store's checkpoint were deleted"
+            } else {
+                "this store was away longer than the changelog keeps tombstones"
+            };
+            forget(store, p, cascade_to, why)?;
+            checkpoint = 0;
         }
         let start = checkpoint.max(low);
         if start >= high {
@@ -208,22 +215,44 @@ pub fn catch_up(
     Ok(read)
 }
 
+/// How long the changelog keeps a tombstone after compaction (its
+/// `delete.retention.ms`), as the broker says; `None` if it cannot say.
+pub fn tombstone_retention(client: &ClientConfig, topic: &str, timeout: Duration) -> Option<Duration> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::FromClientConfig;
+    let admin = AdminClient::<DefaultClientContext>::from_config(client).ok()?;
+    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    let answer =
+        futures::executor::block_on(admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &opts));
+    let resource = answer.ok()?.into_iter().next()?.ok()?;
+    let ms: u64 = resource
+        .get("delete.retention.ms")?
+        .value
+        .as_deref()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms))
+}
+
+/// Whether a store whose checkpoint of a partition was last written at
+/// `written_ms` may have missed tombstones by `now_ms`: the changelog keeps
+/// a tombstone at least `retention` after it was written, so a store away
+/// for less than that (with half of it to spare for clock differences and
+/// compaction timing) has missed none. `written_ms` 0: unknown, trusted.
+pub fn away_too_long(written_ms: i64, now_ms: i64, retention: Duration) -> bool {
+    written_ms > 0 && now_ms.saturating_sub(written_ms) > (retention.as_millis() / 2) as i64
+}
+
 /// Drop the store's copy of `partition` (its records from `checkpoint` on
 /// are gone from the changelog, tombstones perhaps among them, so a job
 /// that fired or was cancelled elsewhere could come back) and place its
 /// cascade point again, before a rebuild from the changelog's start.
-fn forget(
-    store: &Store,
-    partition: i32,
-    cascade_to: i64,
-    checkpoint: i64,
-    first: i64,
-) -> Result<(), RebuildError> {
+fn forget(store: &Store, partition: i32, cascade_to: i64, why: &str) -> Result<(), RebuildError> {
     warn!(
         partition,
-        checkpoint,
-        first_available = first,
-        "changelog records after this store's checkpoint are gone; rebuilding the partition from the changelog"
+        reason = why,
+        "rebuilding the partition from the changelog instead of trusting this store's copy"
     );
     // How far the schedule partition was handled stays true: records read
     // again below it must still be skipped.
@@ -254,5 +283,19 @@ impl Replayed {
             ..PartitionWrite::new(partition, &changes)
         }])?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_is_distrusted_after_half_the_tombstone_retention() {
+        let day = Duration::from_secs(86_400);
+        let hour = 3_600_000;
+        assert!(!away_too_long(0, 100 * 24 * hour, day), "unknown: trusted");
+        assert!(!away_too_long(hour, 12 * hour, day));
+        assert!(away_too_long(hour, 14 * hour, day));
     }
 }

@@ -222,7 +222,7 @@ impl Scheduler {
     pub fn new(cfg: &Config, clock: SharedClock) -> Result<Self, SchedulerError> {
         let s = &cfg.scheduler;
         std::fs::create_dir_all(&s.data_dir).map_err(|e| StoreError::Sled(e.into()))?;
-        let store = Store::open(&s.data_dir, s.cache_capacity)?;
+        let store = Store::open_with_clock(&s.data_dir, s.cache_capacity, clock.clone())?;
         // After the store: its lock keeps a second process off this directory.
         let instance_id = super::instance::group_instance_id(cfg)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;

@@ -83,6 +83,7 @@ impl ConsumerContext for Ctx {
             Rebalance::Assign(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let started = Instant::now();
+                let stale = stale_partitions(&self.shared, &parts);
                 // Place the cascade points before the rebuild, so that the
                 // replayed jobs land at their final level at once.
                 let cascade_to = cascade_until(&self.shared);
@@ -98,6 +99,7 @@ impl ConsumerContext for Ctx {
                     &parts,
                     &self.shared.store,
                     cascade_to,
+                    &stale,
                     self.shared.cfg.scheduler.rebuild_timeout,
                 ) {
                     Ok(read) => read,
@@ -178,5 +180,30 @@ pub(super) fn reading_from(
             };
             Ok((from.max(handled), handled))
         })
+        .collect()
+}
+
+/// The partitions among `parts` whose store copy was last written longer
+/// ago than the changelog keeps tombstones (see
+/// [`changelog::away_too_long`]). Read before the cascade that precedes the
+/// catch-up, which writes the checkpoint anew. Asks the broker for the
+/// changelog's retention only when a copy is over a minute old.
+fn stale_partitions(shared: &Shared, parts: &[i32]) -> Vec<i32> {
+    let now = shared.clock.now().timestamp_millis();
+    let written: Vec<(i32, i64)> = parts
+        .iter()
+        .filter_map(|p| shared.store.checkpoint(*p).ok().map(|c| (*p, c.written_ms)))
+        .collect();
+    if !written.iter().any(|(_, w)| *w > 0 && now - w > 60_000) {
+        return Vec::new();
+    }
+    let topic = &shared.cfg.topics.changelog;
+    // `kairos topics init` creates the changelog with a day.
+    let retention = changelog::tombstone_retention(&shared.reader_config, topic, Duration::from_secs(10))
+        .unwrap_or(Duration::from_secs(86_400));
+    written
+        .into_iter()
+        .filter(|(_, w)| changelog::away_too_long(*w, now, retention))
+        .map(|(p, _)| p)
         .collect()
 }

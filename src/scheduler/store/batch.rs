@@ -261,6 +261,7 @@ impl<'a> Writer<'a> {
         }
         view.near.write(lb, batch)?;
         view.hints.write(lb, batch, cp.cascaded_to, first_near)?;
+        cp.written_ms = store.now_ms();
         batch.insert(&m_key(p)[..], &encode_checkpoint(&cp)[..]);
         Ok(applied)
     }

@@ -34,6 +34,7 @@ impl Store {
         if cp.cascaded_to == i64::MIN {
             // Never cascaded, so empty: start here.
             cp.cascaded_to = target;
+            cp.written_ms = self.now_ms();
             self.tree.insert(m_key(partition), &encode_checkpoint(&cp)[..])?;
             return Ok(target);
         }
@@ -72,6 +73,7 @@ impl Store {
         near.write(&mut lb, &mut batch)?;
         write_far(&mut lb, partition, &mut cp, far);
         cp.cascaded_to = new_t;
+        cp.written_ms = self.now_ms();
         batch.insert(&m_key(partition)[..], &encode_checkpoint(&cp)[..]);
         lb.apply(&self.tree, batch, inline_header)?;
         Ok(new_t)

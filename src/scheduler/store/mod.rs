@@ -65,6 +65,7 @@ use checkpoint::decode_checkpoint;
 
 use crate::job::JobId;
 
+use crate::clock::SharedClock;
 use crate::hash::{HashMap, HashSet};
 use crate::scheduler::stored::{CorruptJob, StoredJob};
 use batch::{View, Writer};
@@ -172,6 +173,8 @@ pub struct Store {
     /// the finisher, the cascade, compaction and changelog catch-up all
     /// write): partition `p` takes lock `p % WRITE_LOCKS`.
     write: [Mutex<()>; WRITE_LOCKS],
+    /// The time stamped on checkpoints (`Checkpoint::written_ms`).
+    clock: SharedClock,
 }
 
 /// Write locks, one per partition up to this many partitions.
@@ -189,6 +192,11 @@ impl Store {
     /// Open (or create) the store in `dir`, with sled's page cache bounded
     /// to `cache_bytes`.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
+        Store::open_with_clock(dir, cache_bytes, crate::clock::system())
+    }
+
+    /// [`Store::open`], stamping checkpoints with `clock`'s time.
+    pub fn open_with_clock(dir: &Path, cache_bytes: u64, clock: SharedClock) -> Result<Store, StoreError> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
@@ -216,7 +224,13 @@ impl Store {
             tree,
             log,
             write: std::array::from_fn(|_| Mutex::new(())),
+            clock,
         })
+    }
+
+    /// Now on the store's clock, in ms.
+    fn now_ms(&self) -> i64 {
+        self.clock.now().timestamp_millis()
     }
 
     /// The write lock of `partition`.
