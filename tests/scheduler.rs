@@ -761,39 +761,15 @@ async fn records_read_again_by_another_instance_do_not_fire_again() {
 /// checkpoint as compaction and tombstone expiry would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancelled_job() {
+    let (setup, clock, base, cancelled) =
+        stored_then_cancelled_elsewhere(chrono::Duration::seconds(100)).await;
     let SetUp {
         _broker,
-        dir,
         cfg,
         work,
         producer,
-    } = set_up(|c| {
-        c.topics.schedule_partitions = 1;
-        // Each instance hands its partition over at once when it stops.
-        c.scheduler.static_membership = false;
-    })
-    .await;
-    let base = Utc::now();
-    let clock = kairos::ManualClock::new(base);
-    // The first instance stores a job due in 100 s and stops.
-    let first = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
-    wait_owned(&first, 1);
-    let cancelled = Job::new(&work, "key-1", b"x".to_vec()).at(base + chrono::Duration::seconds(100));
-    enqueue_all(&producer, vec![cancelled.clone()]).await;
-    wait_for("the job stored", T, || {
-        (first.handle.status().pending == 1).then_some(())
-    });
-    first.stop().await;
-    // Another instance, with its own store, cancels it.
-    let mut other = cfg.clone();
-    other.scheduler.data_dir = dir.path().join("b");
-    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
-    wait_owned(&second, 1);
-    producer.cancel(cancelled.id).await.unwrap();
-    wait_for("the cancel applied", T, || {
-        (second.handle.status().cancelled == 1).then_some(())
-    });
-    second.stop().await;
+        ..
+    } = &setup;
     // Compaction removes the job's record and, a day later, its tombstone.
     let admin = kairos::kafka::admin(&cfg.kafka).unwrap();
     let mut everything = rdkafka::TopicPartitionList::new();
@@ -806,21 +782,26 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
         .unwrap();
     assert!(deleted.elements()[0].error().is_ok(), "{deleted:?}");
     // A control job due a second after the cancelled one, same partition.
-    let control = Job::new(&work, "key-2", b"y".to_vec()).at(base + chrono::Duration::seconds(101));
-    enqueue_all(&producer, vec![control.clone()]).await;
+    let control = Job::new(work.as_str(), "key-2", b"y".to_vec()).at(base + chrono::Duration::seconds(101));
+    enqueue_all(producer, vec![control.clone()]).await;
     // The first instance comes back on its old store after both run-ats.
     clock.set(base + chrono::Duration::seconds(200));
-    let again = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    let again = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
     // Once the control has fired and nothing is left pending or in memory,
     // the cancelled job, had it come back, would have fired too.
     wait_for("the control to fire and nothing to be left", T, || {
         let st = again.handle.status();
         (st.fired >= 1 && st.pending == 0 && st.in_memory == 0).then_some(())
     });
-    let n = record_count(&cfg.kafka.brokers, &work) as usize;
-    let fired = read_n(&cfg.kafka.brokers, &work, n, T);
+    let n = record_count(&cfg.kafka.brokers, work) as usize;
+    let fired = read_n(&cfg.kafka.brokers, work, n, T);
     let ids: Vec<JobId> = fired.iter().map(|m| job_of(m).id).collect();
-    assert_eq!(ids, vec![control.id], "only the control fires");
+    assert_eq!(
+        ids,
+        vec![control.id],
+        "only the control fires, not {}",
+        cancelled.id
+    );
     again.stop().await;
 }
 
@@ -831,49 +812,55 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
 /// store away an hour replays only what changed. Time is a manual clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_away_longer_than_tombstones_are_kept_rebuilds_from_the_changelog() {
-    let SetUp {
-        _broker,
-        dir,
-        cfg,
-        work,
-        producer,
-    } = set_up(|c| {
-        c.topics.schedule_partitions = 1;
-        c.scheduler.static_membership = false;
-    })
-    .await;
-    let base = Utc::now();
-    let clock = kairos::ManualClock::new(base);
-    let first = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
-    wait_owned(&first, 1);
-    let job = Job::new(&work, "key-1", b"x".to_vec()).at(base + chrono::Duration::days(3));
-    enqueue_all(&producer, vec![job.clone()]).await;
-    wait_for("the job stored", T, || {
-        (first.handle.status().pending == 1).then_some(())
-    });
-    first.stop().await;
-    // Another instance cancels it: a tombstone in the changelog.
-    let mut other = cfg.clone();
-    other.scheduler.data_dir = dir.path().join("b");
-    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
-    wait_owned(&second, 1);
-    producer.cancel(job.id).await.unwrap();
-    wait_for("the cancel applied", T, || {
-        (second.handle.status().cancelled == 1).then_some(())
-    });
-    second.stop().await;
+    let (setup, clock, _, _) = stored_then_cancelled_elsewhere(chrono::Duration::days(3)).await;
+    let cfg = &setup.cfg;
     // Back an hour later: only the tombstone is replayed.
     clock.advance(chrono::Duration::hours(1));
-    let back = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    let back = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&back, 1);
     let st = back.handle.status();
     assert_eq!((st.pending, st.replayed), (0, 1), "{st:?}");
     back.stop().await;
     // Back two days later: the whole changelog is replayed.
     clock.advance(chrono::Duration::days(2));
-    let late = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    let late = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&late, 1);
     let st = late.handle.status();
     assert_eq!((st.pending, st.replayed), (0, 2), "{st:?}");
     late.stop().await;
+}
+
+/// Two instances on one schedule partition, each with its own store, on a
+/// manual clock: the first stores a job due `due` from now and stops; the
+/// second cancels it (a tombstone in the changelog) and stops. Returns the
+/// set-up, the clock, its start and the job.
+async fn stored_then_cancelled_elsewhere(
+    due: chrono::Duration,
+) -> (SetUp, kairos::ManualClock, chrono::DateTime<Utc>, Job) {
+    let setup = set_up(|c| {
+        c.topics.schedule_partitions = 1;
+        // Each instance hands its partition over at once when it stops.
+        c.scheduler.static_membership = false;
+    })
+    .await;
+    let base = Utc::now();
+    let clock = kairos::ManualClock::new(base);
+    let first = start_with_clock(&setup.cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&first, 1);
+    let job = Job::new(&setup.work, "key-1", b"x".to_vec()).at(base + due);
+    enqueue_all(&setup.producer, vec![job.clone()]).await;
+    wait_for("the job stored", T, || {
+        (first.handle.status().pending == 1).then_some(())
+    });
+    first.stop().await;
+    let mut other = setup.cfg.clone();
+    other.scheduler.data_dir = setup.dir.path().join("b");
+    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
+    wait_owned(&second, 1);
+    setup.producer.cancel(job.id).await.unwrap();
+    wait_for("the cancel applied", T, || {
+        (second.handle.status().cancelled == 1).then_some(())
+    });
+    second.stop().await;
+    (setup, clock, base, job)
 }
