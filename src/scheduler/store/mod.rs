@@ -11,7 +11,7 @@
 //! | `N` partition run-at seq | *near*: a sorted run of up to 64 jobs due before the partition's cascade point, keyed by its first job; runs do not overlap, so a range scan yields due jobs in run-at then arrival order |
 //! | `B` partition bucket-start chunk-no | *far*: a chunk of up to 256 jobs due in one time bucket, written by one ingest batch or one cascade |
 //! | `J` partition first-id | *id hints*: up to 1024 sorted (job id, run-at, seq) records, for cancel, reschedule and replace by id |
-//! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number, first schedule offset not yet handled |
+//! | `M` partition | checkpoint: next changelog offset reflected here, pending count, cascade point, next chunk number, first schedule offset not yet handled, when it was last written |
 //! | `L` segment | live bytes of one value-log segment (see `value_log`) |
 //!
 //! The bytes of `N`, `B` and `J` entries (runs, chunks, hint chunks) are
