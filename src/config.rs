@@ -372,6 +372,19 @@ impl Config {
         if s.window.is_zero() {
             return Err(invalid("scheduler.window", "must be longer than zero"));
         }
+        // librdkafka refuses a session longer than max.poll.interval.ms
+        // (300 s by default); Kafka brokers refuse one under 6 s by default.
+        for (key, d) in [
+            ("scheduler.session_timeout", s.session_timeout),
+            ("worker.session_timeout", w.session_timeout),
+        ] {
+            if d < Duration::from_secs(1) || d > Duration::from_secs(300) {
+                return Err(invalid(
+                    key,
+                    "must be between 1s and 300s (the broker may ask for 6s or more)",
+                ));
+            }
+        }
         Ok(())
     }
 }

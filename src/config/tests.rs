@@ -101,3 +101,27 @@ fn validation_rejects_out_of_range_values() {
         })
     ));
 }
+
+#[test]
+fn session_timeouts_must_be_ones_librdkafka_accepts() {
+    let mut c = Config::default();
+    c.worker.session_timeout = std::time::Duration::from_millis(500);
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::Invalid {
+            key: "worker.session_timeout",
+            ..
+        })
+    ));
+    c.worker.session_timeout = std::time::Duration::from_secs(10);
+    c.scheduler.session_timeout = std::time::Duration::from_secs(301);
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::Invalid {
+            key: "scheduler.session_timeout",
+            ..
+        })
+    ));
+    c.scheduler.session_timeout = std::time::Duration::from_secs(30);
+    c.validate().unwrap();
+}

@@ -112,7 +112,11 @@ pub fn catch_up(
     let kafka = |partition, source| RebuildError::Kafka { partition, source };
     let first = partitions.first().copied().unwrap_or(0);
     let mut cfg = client.clone();
+    // An offset gone meanwhile (the log start moved past it) restarts at
+    // the new start, never at the end (librdkafka's default), which would
+    // skip every record left.
     cfg.set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
         .set("enable.auto.offset.store", "false")
         .set("group.id", "kairos-changelog-reader")
         .set("enable.partition.eof", "false");
