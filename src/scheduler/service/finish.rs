@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use tracing::{debug, warn};
 
 use super::dispatch::{FireBatch, FireWrites};
@@ -97,7 +96,7 @@ pub(super) async fn finish_fire(
     for w in writes {
         results.push(w.await);
     }
-    let now = Utc::now();
+    let now = shared.clock.now();
     let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
     let mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)> = Vec::new();

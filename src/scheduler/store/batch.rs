@@ -56,10 +56,10 @@ impl<'a> View<'a> {
     pub(super) fn new(store: &'a Store, partition: i32) -> Result<Self, StoreError> {
         let mut cp = store.checkpoint(partition)?;
         if cp.cascaded_to == i64::MIN {
-            // Never cascaded, so empty: any cascade point is right. The wall
-            // clock's now keeps the first batches from landing in the widest
-            // buckets (the scheduler cascades to its own clock on assignment).
-            cp.cascaded_to = align_up(chrono::Utc::now().timestamp_millis(), width(0));
+            // Never cascaded, so empty: any cascade point is right. The
+            // store clock's now keeps the first batches from landing in the
+            // widest buckets.
+            cp.cascaded_to = align_up(store.now_ms(), width(0));
         }
         Ok(View {
             store,
