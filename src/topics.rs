@@ -89,6 +89,17 @@ struct Planned<'a> {
 const CHANGELOG_SETTINGS: &[(&str, &str)] =
     &[("cleanup.policy", "compact"), ("delete.retention.ms", "86400000")];
 
+/// How long `kairos topics init` makes the changelog keep tombstones (its
+/// `delete.retention.ms` above).
+pub fn changelog_tombstone_retention() -> std::time::Duration {
+    let ms = CHANGELOG_SETTINGS
+        .iter()
+        .find(|(k, _)| *k == "delete.retention.ms")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("the changelog settings name delete.retention.ms in ms");
+    std::time::Duration::from_millis(ms)
+}
+
 fn plan(cfg: &Config) -> Vec<Planned<'_>> {
     let t = &cfg.topics;
     let topic = |name, role, partitions, settings| Planned {
@@ -180,4 +191,15 @@ pub async fn check_partitions(cfg: &Config) -> Result<(), TopicsError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_changelog_keeps_tombstones_a_day_as_the_readme_says() {
+        assert_eq!(
+            super::changelog_tombstone_retention(),
+            std::time::Duration::from_secs(24 * 3600)
+        );
+    }
 }

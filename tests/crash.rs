@@ -162,20 +162,15 @@ fn report_stall(
     let ok = succeeded(evs, fails);
     let missing: Vec<JobId> = fails.keys().filter(|id| !ok.contains(id)).copied().collect();
     eprintln!("stalled: {} of {} jobs succeeded", ok.len(), fails.len());
-    let n = record_count(brokers, work) as usize;
     let mut copies: HashMap<JobId, Vec<String>> = HashMap::new();
-    for m in read_up_to(brokers, work, n, Duration::from_secs(60)) {
-        if let Ok(Cmd::Schedule(j)) =
-            wire::decode(&RecordView::from_message(&m), Context::Work, &Limits::default())
-        {
-            copies.entry(j.id).or_default().push(format!(
-                "p{}@{} attempt {} ts {:?}",
-                m.partition(),
-                m.offset(),
-                j.attempt,
-                m.timestamp().to_millis()
-            ));
-        }
+    for (m, j) in work_jobs(brokers, work) {
+        copies.entry(j.id).or_default().push(format!(
+            "p{}@{} attempt {} ts {:?}",
+            m.partition(),
+            m.offset(),
+            j.attempt,
+            m.timestamp().to_millis()
+        ));
     }
     for id in missing.iter().take(10) {
         let runs: Vec<String> = evs
@@ -576,16 +571,26 @@ fn wait_until_fired(brokers: &str, topic: &str, ids: &[JobId], timeout: Duration
 
 /// Each job's first fire on `topic`: job id → record timestamp (ms).
 fn fire_times(brokers: &str, topic: &str) -> HashMap<JobId, i64> {
-    let n = record_count(brokers, topic) as usize;
     let mut out = HashMap::new();
-    for m in read_up_to(brokers, topic, n, Duration::from_secs(30)) {
-        if let Ok(Cmd::Schedule(j)) =
-            wire::decode(&RecordView::from_message(&m), Context::Work, &Limits::default())
-        {
-            let ts = m.timestamp().to_millis().unwrap_or(i64::MAX);
-            let first = out.entry(j.id).or_insert(ts);
-            *first = (*first).min(ts);
-        }
+    for (m, j) in work_jobs(brokers, topic) {
+        let ts = m.timestamp().to_millis().unwrap_or(i64::MAX);
+        let first = out.entry(j.id).or_insert(ts);
+        *first = (*first).min(ts);
     }
     out
+}
+
+/// Every record on work topic `topic` now, with the job it carries
+/// (records that do not decode are left out).
+fn work_jobs(brokers: &str, topic: &str) -> Vec<(rdkafka::message::OwnedMessage, Job)> {
+    let n = record_count(brokers, topic) as usize;
+    read_up_to(brokers, topic, n, Duration::from_secs(60))
+        .into_iter()
+        .filter_map(|m| {
+            match wire::decode(&RecordView::from_message(&m), Context::Work, &Limits::default()) {
+                Ok(Cmd::Schedule(j)) => Some((m, j)),
+                _ => None,
+            }
+        })
+        .collect()
 }

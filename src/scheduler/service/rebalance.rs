@@ -198,9 +198,8 @@ fn stale_partitions(shared: &Shared, parts: &[i32]) -> Vec<i32> {
         return Vec::new();
     }
     let topic = &shared.cfg.topics.changelog;
-    // `kairos topics init` creates the changelog with a day.
     let retention = changelog::tombstone_retention(&shared.reader_config, topic, Duration::from_secs(10))
-        .unwrap_or(Duration::from_secs(86_400));
+        .unwrap_or_else(crate::topics::changelog_tombstone_retention);
     written
         .into_iter()
         .filter(|(_, w)| changelog::away_too_long(*w, now, retention))
