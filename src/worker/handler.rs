@@ -104,6 +104,23 @@ where
     }
 }
 
+/// Run a handler's future, turning a panic into a failed attempt: the
+/// outcome, and the panic's message when it panicked.
+pub(crate) async fn run_caught(run: impl Future<Output = Outcome>) -> (Outcome, Option<String>) {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(o) => (o, None),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            (Outcome::retry(format!("handler panicked: {msg}")), Some(msg))
+        }
+    }
+}
+
 /// Exponential backoff with jitter: attempt `n` (from 1) waits a random
 /// time between half and all of `min(max, base * 2^(n-1))`, so that failed
 /// jobs do not all come back at once.

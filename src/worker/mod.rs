@@ -6,6 +6,10 @@
 //! - [`lock_table`]: per-key FIFOs, one running job per key.
 //! - [`offset_tracker`]: commit only below the first unfinished job.
 //! - [`service`]: the consumer-group member that ties them together.
+//! - `settle`: what an outcome means (another attempt, a dead letter,
+//!   follow-ups) and writing it; the same rules in a running worker and in a
+//!   [`TestWorker`].
+//! - [`testing`]: [`TestWorker`], handlers run without a broker, for tests.
 //!
 //! # Guarantees
 //!
@@ -27,6 +31,10 @@ pub mod handler;
 pub mod lock_table;
 pub mod offset_tracker;
 pub mod service;
+mod settle;
+pub mod testing;
 
 pub use handler::{Backoff, Handler, JobContext, Outcome};
 pub use service::{Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};
+pub use settle::Settled;
+pub use testing::{Run, TestWorker, Written};

@@ -12,11 +12,13 @@
 //! handlers of its driver, so CPU-heavy work belongs in `spawn_blocking`.
 //!
 //! Files: [`poll`] (the poll thread and the rebalance callbacks), [`drive`]
-//! (the drivers), [`settle`] (outcomes carried out, records finished).
+//! (the drivers), [`offsets`] (records read and finished). Outcomes are
+//! carried out by [`crate::worker::settle`], the same rules a
+//! [`crate::worker::TestWorker`] runs.
 
 mod drive;
+mod offsets;
 mod poll;
-mod settle;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +39,7 @@ use crate::producer::Producer;
 use crate::worker::handler::{Backoff, Handler};
 use crate::worker::lock_table::{Keyed, LockTable};
 use crate::worker::offset_tracker::OffsetTracker;
+use crate::worker::settle::{KafkaOutbox, RetryPolicy, Settler};
 use drive::Start;
 use poll::poll_loop;
 
@@ -139,10 +142,12 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled whenever a handler finishes.
     finished: Condvar,
-    /// Writes retries, follow-ups and early jobs (routed by run-at).
+    /// Writes early jobs (routed by run-at).
     producer: Producer,
-    /// Writes dead letters.
+    /// Writes dead letters of records that cannot be read.
     raw: FutureProducer,
+    /// Carries out outcomes: retries, follow-ups and dead letters.
+    settler: Settler,
     /// Where the poll thread sends jobs to start, one channel per driver.
     drivers: Vec<tokio::sync::mpsc::UnboundedSender<Vec<Start>>>,
     /// The drivers' ends of those channels, taken when the worker runs.
@@ -153,7 +158,8 @@ struct Shared {
     /// batch of finished jobs when nobody does).
     waiters: std::sync::atomic::AtomicUsize,
     clock: SharedClock,
-    backoff: Backoff,
+    /// Where the poll thread runs its Kafka writes.
+    runtime: tokio::runtime::Handle,
     stop: CancellationToken,
     stats: Stats,
 }
@@ -290,9 +296,20 @@ impl WorkerBuilder {
                 topics: w.topics.clone(),
                 group: w.group_id.clone(),
                 concurrency: w.concurrency,
-                backoff: Backoff {
-                    base: w.backoff_base,
-                    max: w.backoff_max,
+                settler: Settler {
+                    outbox: Arc::new(KafkaOutbox {
+                        producer: producer.clone(),
+                        raw: raw.clone(),
+                        dead_letter_topic: cfg.topics.dead_letter.clone(),
+                    }),
+                    policy: RetryPolicy {
+                        max_attempts: w.max_attempts,
+                        backoff: Backoff {
+                            base: w.backoff_base,
+                            max: w.backoff_max,
+                        },
+                    },
+                    clock: self.clock.clone(),
                 },
                 handler: Arc::new(handler),
                 state: Mutex::new(State::default()),
@@ -304,6 +321,7 @@ impl WorkerBuilder {
                 next_driver: Default::default(),
                 waiters: Default::default(),
                 clock: self.clock,
+                runtime,
                 stop: CancellationToken::new(),
                 stats: Stats::default(),
                 cfg,

@@ -1,7 +1,6 @@
 //! Drivers: tasks that run the handlers of the jobs taken from the lock
 //! table, settle finished jobs in batches and start the jobs they unblock.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -10,10 +9,11 @@ use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument};
 
-use super::settle::{finish_in, settle};
+use super::offsets::finish_in;
 use super::{Entry, Shared, State, Tp};
 
-use crate::worker::handler::{JobContext, Outcome};
+use crate::worker::handler::{run_caught, JobContext};
+use crate::worker::settle::{Origin, Settled};
 
 /// A job taken from the lock table to run.
 pub(super) struct Start {
@@ -30,6 +30,20 @@ pub(super) struct Finished {
     pub(super) generation: u64,
     /// Its outcome is acknowledged by Kafka: its offset may be committed.
     pub(super) settled: bool,
+}
+
+impl Finished {
+    /// A run whose outcome was not written (its partition was taken away):
+    /// the record stays unfinished and is re-delivered.
+    fn unsettled(job: crate::job::Job, tp: Tp, offset: i64, generation: u64) -> Self {
+        Finished {
+            key: job.key,
+            tp,
+            offset,
+            generation,
+            settled: false,
+        }
+    }
 }
 
 /// Take as many ready jobs as free slots allow; the caller runs them.
@@ -143,27 +157,30 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         shared.stats.started.fetch_add(1, Ordering::Relaxed);
         let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
             partition = tp.1, offset, attempt = job.attempt);
-        let outcome = match AssertUnwindSafe(shared.handler.call(job.clone(), ctx).instrument(span.clone()))
-            .catch_unwind()
-            .await
-        {
-            Ok(o) => o,
-            Err(panic) => {
-                shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                warn!(parent: &span, panic = %msg, "handler panicked");
-                Outcome::retry(format!("handler panicked: {msg}"))
-            }
+        let (outcome, panic) =
+            run_caught(shared.handler.call(job.clone(), ctx).instrument(span.clone())).await;
+        if let Some(msg) = panic {
+            shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
+            warn!(parent: &span, panic = %msg, "handler panicked");
+        }
+        let origin = Origin {
+            topic: &shared.topics[tp.0],
+            partition: tp.1,
+            offset,
         };
         // Boxed: the settling future is large and rarely more than one
         // write; inline, it would make every job's future kilobytes big.
-        Box::pin(settle(&shared, &job, tp, offset, outcome, &cancel))
+        let settled = Box::pin(shared.settler.settle(&job, origin, outcome, &cancel))
             .instrument(span)
-            .await
+            .await;
+        let counter = match &settled {
+            Some(Settled::Done { .. }) => &shared.stats.succeeded,
+            Some(Settled::Retried { .. }) => &shared.stats.retried,
+            Some(Settled::DeadLettered { .. }) => &shared.stats.dead_lettered,
+            None => return Finished::unsettled(job, tp, offset, generation),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        true
     };
     Finished {
         key: job.key,

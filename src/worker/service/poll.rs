@@ -1,9 +1,8 @@
 //! The poll thread: reads the work topics into the lock table, serves
 //! rebalances (a revoked partition is drained before it goes), stores the
 //! offsets that may be committed, and dead-letters or hands back records
-//! it cannot run.
+//! it cannot run (those writes run on the runtime, not on this thread).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::drive::start_ready;
-use super::settle::{begin, finish_offset, write_until_done};
+use super::offsets::write_in_background;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 
 use crate::job::Job;
@@ -235,16 +234,13 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
 
 /// A record that does not decode goes to the dead-letter topic with the reason.
 pub(super) fn dead_letter_record(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     m: &BorrowedMessage<'_>,
     view: &RecordView<'_>,
     e: &wire::DecodeError,
     tp: Tp,
 ) {
     let offset = m.offset();
-    if !begin(shared, tp, offset) {
-        return;
-    }
     warn!(topic = m.topic(), partition = tp.1, offset, reason = %e, "work record dead-lettered");
     let dead = DeadLetter {
         reason: e.to_string(),
@@ -252,26 +248,37 @@ pub(super) fn dead_letter_record(
         origin_partition: tp.1,
         origin_offset: offset,
     };
-    let rec = wire::dead_letter_record(view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
-    if write_until_done(shared, None, || kafka::send(&shared.raw, &rec, None)) {
-        shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        finish_offset(shared, tp, offset, None);
-    }
+    let rec = Arc::new(wire::dead_letter_record(
+        view,
+        &dead,
+        &shared.cfg.topics.dead_letter,
+        &shared.cfg.limits,
+    ));
+    let raw = shared.raw.clone();
+    write_in_background(
+        shared,
+        tp,
+        offset,
+        |s| &s.dead_lettered,
+        move || {
+            let (raw, rec) = (raw.clone(), rec.clone());
+            async move { kafka::send(&raw, &rec, None).await }
+        },
+    );
 }
 
 /// A job read before its run-at goes back to the scheduler.
-pub(super) fn hand_to_scheduler(shared: &Shared, job: Job, tp: Tp, offset: i64) {
-    if !begin(shared, tp, offset) {
-        return;
-    }
+pub(super) fn hand_to_scheduler(shared: &Arc<Shared>, job: Job, tp: Tp, offset: i64) {
     debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
     let producer = shared.producer.clone();
-    if write_until_done(shared, None, move || {
-        let producer = producer.clone();
-        let j = job.clone();
-        async move { producer.enqueue(j).await.map(|_| ()) }
-    }) {
-        shared.stats.handed_to_scheduler.fetch_add(1, Ordering::Relaxed);
-        finish_offset(shared, tp, offset, None);
-    }
+    write_in_background(
+        shared,
+        tp,
+        offset,
+        |s| &s.handed_to_scheduler,
+        move || {
+            let (producer, job) = (producer.clone(), job.clone());
+            async move { producer.enqueue(job).await }
+        },
+    );
 }

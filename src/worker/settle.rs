@@ -1,0 +1,349 @@
+//! Settlement: what a handler's [`Outcome`] means (done with follow-ups,
+//! another attempt through the scheduler, a dead letter) and carrying it out
+//! through an [`Outbox`].
+//!
+//! The decision ([`plan`]) is pure: the job, the outcome, the retry policy
+//! and the time in, the writes to make out. The writes go through an
+//! [`Outbox`]: Kafka in a running [`crate::worker::Worker`], memory in a
+//! [`crate::worker::TestWorker`], so both run the same rules.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rdkafka::producer::FutureProducer;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::clock::SharedClock;
+use crate::job::{truncate_to_millis, Job};
+use crate::producer::{ProduceError, Producer};
+use crate::wire::DeadLetter;
+use crate::worker::handler::{Backoff, Outcome};
+use crate::{kafka, wire};
+
+/// A boxed write, as an [`Outbox`] returns it.
+pub(crate) type Write<'a, E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'a>>;
+
+/// Where a worker's writes go.
+pub(crate) trait Outbox: Send + Sync + 'static {
+    /// Write a job: to its work topic when due, else through the scheduler
+    /// (retries and follow-ups).
+    fn enqueue(&self, job: Job) -> Write<'_, ProduceError>;
+    /// Write a dead letter for `job`.
+    fn dead_letter(&self, job: Job, dead: DeadLetter) -> Write<'_, String>;
+}
+
+/// The running worker's outbox: the producer routes jobs by run-at, dead
+/// letters go to the dead-letter topic.
+pub(crate) struct KafkaOutbox {
+    pub(crate) producer: Producer,
+    pub(crate) raw: FutureProducer,
+    pub(crate) dead_letter_topic: String,
+}
+
+impl Outbox for KafkaOutbox {
+    fn enqueue(&self, job: Job) -> Write<'_, ProduceError> {
+        let write = self.producer.enqueue(job).into_future();
+        Box::pin(async move { write.await.map(|_| ()) })
+    }
+
+    fn dead_letter(&self, job: Job, dead: DeadLetter) -> Write<'_, String> {
+        let rec = wire::dead_job_record(&job, &dead, &self.dead_letter_topic);
+        Box::pin(async move {
+            kafka::send(&self.raw, &rec, None)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// How failed jobs are tried again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RetryPolicy {
+    /// Attempts of a job that names none (`[worker] max_attempts`).
+    pub(crate) max_attempts: u32,
+    /// Delay between attempts when the handler names none.
+    pub(crate) backoff: Backoff,
+}
+
+/// Where a job was read from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Origin<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+}
+
+/// The writes an outcome asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Write these follow-ups; then the job is done.
+    Done { follow_ups: Vec<Job> },
+    /// Write this next attempt (its run-at `delay` from now).
+    Retry { next: Job, delay: Duration },
+    /// Dead-letter the job (with its last error), for this reason.
+    Dead { job: Job, reason: String },
+}
+
+/// What an outcome means for `job` at `now`. A retry past the job's attempts
+/// (its own `max_attempts`, else the policy's) becomes a dead letter; a retry
+/// without a delay waits the policy's backoff for the attempt.
+pub(crate) fn plan(
+    job: &Job,
+    outcome: Outcome,
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+    rng: &mut impl rand::Rng,
+) -> Plan {
+    match outcome {
+        Outcome::Done { follow_ups } => Plan::Done { follow_ups },
+        Outcome::Dead { reason } => Plan::Dead {
+            job: job.clone(),
+            reason,
+        },
+        Outcome::Retry { after, error } => {
+            let max = job.max_attempts.unwrap_or(policy.max_attempts);
+            let mut next = job.clone();
+            if job.attempt >= max {
+                let reason = format!("gave up after {} attempts: {error}", job.attempt);
+                next.last_error = Some(error);
+                return Plan::Dead { job: next, reason };
+            }
+            let delay = after.unwrap_or_else(|| policy.backoff.delay(job.attempt, rng));
+            next.attempt += 1;
+            next.last_error = Some(error);
+            let run_at = chrono::Duration::from_std(delay)
+                .ok()
+                .and_then(|d| now.checked_add_signed(d))
+                .unwrap_or(DateTime::<Utc>::MAX_UTC);
+            next.run_at = truncate_to_millis(run_at);
+            Plan::Retry { next, delay }
+        }
+    }
+}
+
+/// What became of a job once its outcome was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Done; these follow-ups were written.
+    Done {
+        /// The follow-up jobs, as written.
+        follow_ups: Vec<Job>,
+    },
+    /// Another attempt was written through the scheduler.
+    Retried {
+        /// The next attempt: same id, attempt + 1, run-at after the backoff.
+        next: Job,
+    },
+    /// The job was dead-lettered.
+    DeadLettered {
+        /// Why (the dead letter's `kairos-dead-reason`).
+        reason: String,
+    },
+}
+
+/// Carries out outcomes: plans them and writes the plan, retrying failed
+/// writes until they succeed or the job's partition is taken away.
+pub(crate) struct Settler {
+    pub(crate) outbox: Arc<dyn Outbox>,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) clock: SharedClock,
+}
+
+impl Settler {
+    /// Carry out `outcome` for `job`; `None` when `cancel` fired before its
+    /// writes were acknowledged (the job is then re-delivered to the
+    /// partition's next owner).
+    pub(crate) async fn settle(
+        &self,
+        job: &Job,
+        origin: Origin<'_>,
+        outcome: Outcome,
+        cancel: &CancellationToken,
+    ) -> Option<Settled> {
+        let plan = plan(
+            job,
+            outcome,
+            &self.policy,
+            self.clock.now(),
+            &mut rand::thread_rng(),
+        );
+        let mut delay = kafka::RetryDelay::new();
+        loop {
+            match self.write(job, origin, &plan).await {
+                Ok(settled) => return Some(settled),
+                Err(e) => warn!(job_id = %job.id, error = %e, "writing the outcome failed; retrying"),
+            }
+            if cancel.is_cancelled() {
+                return None;
+            }
+            tokio::time::sleep(delay.next_delay()).await;
+        }
+    }
+
+    async fn write(&self, job: &Job, origin: Origin<'_>, plan: &Plan) -> Result<Settled, String> {
+        match plan {
+            Plan::Done { follow_ups } => {
+                let writes = follow_ups.iter().map(|f| self.outbox.enqueue(f.clone()));
+                match futures::future::join_all(writes)
+                    .await
+                    .into_iter()
+                    .find_map(Result::err)
+                {
+                    None => {
+                        debug!(job_id = %job.id, follow_ups = follow_ups.len(), "done");
+                        Ok(Settled::Done {
+                            follow_ups: follow_ups.clone(),
+                        })
+                    }
+                    // A follow-up that can never be written fails the job for
+                    // good (retrying the job would hit the same wall).
+                    Some(e) if e.is_permanent() => {
+                        self.dead_letter(job.clone(), origin, format!("follow-up rejected: {e}"))
+                            .await
+                    }
+                    Some(e) => Err(e.to_string()),
+                }
+            }
+            Plan::Retry { next, delay } => {
+                self.outbox
+                    .enqueue(next.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                debug!(job_id = %job.id, attempt = job.attempt, delay = ?delay,
+                    error = next.last_error.as_deref().unwrap_or_default(), "retry scheduled");
+                Ok(Settled::Retried { next: next.clone() })
+            }
+            Plan::Dead { job, reason } => self.dead_letter(job.clone(), origin, reason.clone()).await,
+        }
+    }
+
+    async fn dead_letter(&self, job: Job, origin: Origin<'_>, reason: String) -> Result<Settled, String> {
+        let dead = DeadLetter {
+            reason,
+            origin_topic: origin.topic.to_string(),
+            origin_partition: origin.partition,
+            origin_offset: origin.offset,
+        };
+        let (id, key) = (job.id, job.key_lossy().into_owned());
+        self.outbox.dead_letter(job, dead.clone()).await?;
+        warn!(job_id = %id, key = %key, partition = origin.partition, offset = origin.offset,
+            reason = %dead.reason, "job dead-lettered");
+        Ok(Settled::DeadLettered { reason: dead.reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use rand::SeedableRng;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 3,
+            backoff: Backoff {
+                base: Duration::from_secs(2),
+                max: Duration::from_secs(60),
+            },
+        }
+    }
+
+    fn job(attempt: u32) -> Job {
+        let mut j = Job::new("emails", "user-1", b"hi".to_vec());
+        j.attempt = attempt;
+        j
+    }
+
+    #[test]
+    fn a_retry_is_the_next_attempt_after_the_backoff_with_the_error_kept() {
+        let now = Utc::now();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let first = job(1);
+        let Plan::Retry { next, delay } = plan(&first, Outcome::retry("smtp 451"), &policy(), now, &mut rng)
+        else {
+            panic!("not a retry")
+        };
+        assert!(
+            delay >= Duration::from_secs(1) && delay <= Duration::from_secs(2),
+            "{delay:?}"
+        );
+        assert_eq!(next.attempt, 2);
+        assert_eq!(next.id, first.id, "the same job, another attempt");
+        assert_eq!(next.last_error.as_deref(), Some("smtp 451"));
+        let want = truncate_to_millis(now + chrono::Duration::from_std(delay).unwrap());
+        assert_eq!(next.run_at, want);
+    }
+
+    #[test]
+    fn a_retry_with_a_delay_waits_exactly_that() {
+        let now = Utc::now();
+        let out = Outcome::retry_after(Duration::from_millis(1500), "429");
+        let Plan::Retry { next, delay } = plan(&job(2), out, &policy(), now, &mut rand::thread_rng()) else {
+            panic!("not a retry")
+        };
+        assert_eq!(delay, Duration::from_millis(1500));
+        assert_eq!(
+            next.run_at,
+            truncate_to_millis(now + chrono::Duration::milliseconds(1500))
+        );
+    }
+
+    #[test]
+    fn the_last_attempt_is_dead_lettered_with_its_error() {
+        let p = plan(
+            &job(3),
+            Outcome::retry("boom"),
+            &policy(),
+            Utc::now(),
+            &mut rand::thread_rng(),
+        );
+        let Plan::Dead { job: dead, reason } = p else {
+            panic!("not dead")
+        };
+        assert_eq!(reason, "gave up after 3 attempts: boom");
+        assert_eq!(dead.last_error.as_deref(), Some("boom"));
+        assert_eq!(dead.attempt, 3);
+    }
+
+    #[test]
+    fn a_job_s_own_max_attempts_wins_over_the_policy() {
+        let mut j = job(3);
+        j.max_attempts = Some(10);
+        let p = plan(
+            &j,
+            Outcome::retry("again"),
+            &policy(),
+            Utc::now(),
+            &mut rand::thread_rng(),
+        );
+        assert!(
+            matches!(p, Plan::Retry { ref next, .. } if next.attempt == 4),
+            "{p:?}"
+        );
+        j.max_attempts = Some(1);
+        j.attempt = 1;
+        let p = plan(
+            &j,
+            Outcome::retry("once"),
+            &policy(),
+            Utc::now(),
+            &mut rand::thread_rng(),
+        );
+        assert!(matches!(p, Plan::Dead { .. }), "{p:?}");
+    }
+
+    #[test]
+    fn a_retry_too_far_ahead_runs_at_the_end_of_time_instead_of_overflowing() {
+        let out = Outcome::retry_after(Duration::from_secs(u64::MAX / 2), "later");
+        let Plan::Retry { next, .. } = plan(&job(1), out, &policy(), Utc::now(), &mut rand::thread_rng())
+        else {
+            panic!("not a retry")
+        };
+        assert_eq!(next.run_at, truncate_to_millis(DateTime::<Utc>::MAX_UTC));
+    }
+}
