@@ -157,6 +157,13 @@ pub struct SchedulerConfig {
     /// `[kafka.consumer]` wins.
     #[serde(with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// Longest a partition taken away waits for its fires in flight to be
+    /// acknowledged and for the records read from it to be stored, before
+    /// it is let go. What is not finished by then is done again by the next
+    /// owner (a duplicate fire at worst). At most 300 s, what librdkafka
+    /// allows a rebalance to take.
+    #[serde(with = "humantime_serde")]
+    pub revocation_deadline: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -175,6 +182,7 @@ impl Default for SchedulerConfig {
             static_membership: true,
             instance_id: String::new(),
             session_timeout: Duration::from_secs(30),
+            revocation_deadline: Duration::from_secs(60),
         }
     }
 }
@@ -384,6 +392,12 @@ impl Config {
                     "must be between 1s and 300s (the broker may ask for 6s or more)",
                 ));
             }
+        }
+        if s.revocation_deadline.is_zero() || s.revocation_deadline > Duration::from_secs(300) {
+            return Err(invalid(
+                "scheduler.revocation_deadline",
+                "must be longer than zero and at most 300s",
+            ));
         }
         Ok(())
     }

@@ -125,3 +125,20 @@ fn session_timeouts_must_be_ones_librdkafka_accepts() {
     c.scheduler.session_timeout = std::time::Duration::from_secs(30);
     c.validate().unwrap();
 }
+
+#[test]
+fn the_scheduler_s_revocation_deadline_fits_a_rebalance() {
+    let mut c = Config::default();
+    c.scheduler.revocation_deadline = std::time::Duration::from_secs(301);
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::Invalid {
+            key: "scheduler.revocation_deadline",
+            ..
+        })
+    ));
+    c.scheduler.revocation_deadline = std::time::Duration::ZERO;
+    assert!(c.validate().is_err());
+    c.scheduler.revocation_deadline = std::time::Duration::from_secs(5);
+    c.validate().unwrap();
+}

@@ -29,6 +29,7 @@ mod apply;
 mod applying;
 mod dispatch;
 mod finish;
+mod firing;
 mod ingest;
 mod persist;
 mod probe;
@@ -38,7 +39,7 @@ mod upkeep;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -58,6 +59,7 @@ use crate::scheduler::direct::DirectOffsets;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
 use dispatch::dispatch_loop;
+use firing::Firing;
 use probe::probe_loop;
 use rebalance::Ctx;
 use upkeep::cascade_loop;
@@ -140,9 +142,7 @@ struct Shared {
     /// Wakes the dispatcher: a job due sooner, a new partition, shutdown.
     wake: Notify,
     /// Fire batches in flight per partition; revocation waits for them.
-    firing: Mutex<HashMap<i32, usize>>,
-    /// Signalled when `firing` shrinks.
-    firing_done: Condvar,
+    firing: Firing,
     /// Per schedule partition: how far it may be committed, with the jobs
     /// fired straight from memory still in flight.
     direct: Mutex<HashMap<i32, DirectOffsets>>,
@@ -235,8 +235,7 @@ impl Scheduler {
                 store,
                 wheel: Mutex::new(wheel),
                 wake: Notify::new(),
-                firing: Mutex::new(HashMap::default()),
-                firing_done: Condvar::new(),
+                firing: Firing::default(),
                 direct: Mutex::new(HashMap::default()),
                 producer,
                 clock,

@@ -10,14 +10,16 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{info, warn};
 
-use super::finish::finish_loop;
+use super::finish::{finish_loop, FINISH_ROUND_JOBS};
 use super::Shared;
 
+use crate::clock::Clock;
 use crate::hash::{HashMap, HashSet};
 use crate::kafka;
 use crate::scheduler::store::DueKey;
+use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::stored::StoredJob;
-use crate::scheduler::timer_wheel::Due;
+use crate::scheduler::timer_wheel::{Due, TimerWheel};
 
 pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
@@ -26,45 +28,49 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     // due meanwhile do not wait for that. The idempotent producer keeps the
     // order per partition; a write that fails fails the later ones of its
     // partition too, and they all go back into the window in run-at order.
-    let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
+    // The finisher's queue is bounded: a dispatcher ahead of it waits, so the
+    // jobs fired and not yet finished stay bounded whatever the backlog.
+    let queued = (FINISH_QUEUE_JOBS / shared.cfg.scheduler.fire_batch.max(1)).max(2);
+    let (to_finish, inbox) = tokio::sync::mpsc::channel(queued);
     let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
     let mut holding = Holding::default();
     loop {
         if shared.stop.is_cancelled() {
             break;
         }
-        let now = shared.clock.now().timestamp_millis();
         // Read before the window: `until` only grows, so a stale copy only
         // holds jobs back a little longer.
         let mut until = shared.caught_up().snapshot();
         if shared.fire_unread.load(Ordering::Relaxed) {
             until.values_mut().for_each(|u| *u = i64::MAX);
         }
-        let (due, direct, parts, wake_at, held) = {
+        let round = {
             let mut w = shared.wheel();
-            if w.refill_due_ms().is_some_and(|t| t <= now) {
-                if let Err(e) = w.refill(&shared.store, now) {
-                    drop(w);
-                    shared.fail(e.to_string());
-                    break;
-                }
+            let round = Round::take(
+                &mut w,
+                &shared.store,
+                &*shared.clock,
+                shared.cfg.scheduler.fire_batch,
+                &until,
+            );
+            if let Ok(r) = &round {
+                shared.firing.start(&r.parts);
             }
-            let Due { jobs: due, held } = w.take_due(now, shared.cfg.scheduler.fire_batch, &until);
-            let direct = w.take_direct(&due);
-            let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
-            if !parts.is_empty() {
-                let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-                for p in &parts {
-                    *firing.entry(*p).or_insert(0) += 1;
-                }
+            round
+        };
+        let Round {
+            now_ms: now,
+            due,
+            direct,
+            parts,
+            wake_at,
+            held,
+        } = match round {
+            Ok(r) => r,
+            Err(e) => {
+                shared.fail(e.to_string());
+                break;
             }
-            // Jobs due but held wake the dispatcher when their partition
-            // has been read further (ingest and probes notify).
-            let wake = [w.next_after_ms(now), w.refill_due_ms()]
-                .into_iter()
-                .flatten()
-                .min();
-            (due, direct, parts, wake, held)
         };
         holding.update(&shared, &held, now);
         if !due.is_empty() {
@@ -75,7 +81,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
                 writes,
                 parts,
             };
-            if to_finish.send(batch).is_err() {
+            if to_finish.send(batch).await.is_err() {
                 break; // the finisher ended: the scheduler is stopping
             }
             continue;
@@ -96,6 +102,61 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     drop(to_finish);
     let _ = finisher.await;
 }
+
+/// One round of the dispatcher: what to fire now and when to look again.
+pub(super) struct Round {
+    /// The clock's time the round was taken at, in ms.
+    pub(super) now_ms: i64,
+    /// Jobs due, in run-at order, at most a fire batch.
+    pub(super) due: Vec<(DueKey, StoredJob)>,
+    /// Which of `due` are direct jobs (not in the store, nor the changelog).
+    pub(super) direct: HashSet<DueKey>,
+    /// The partitions of `due`.
+    pub(super) parts: HashSet<i32>,
+    /// When something next comes due or the window needs a refill.
+    pub(super) wake_at: Option<i64>,
+    /// Per partition, the latest run-at of due jobs held because the
+    /// partition is not read up to it (`until`).
+    pub(super) held: HashMap<i32, i64>,
+}
+
+impl Round {
+    /// Refill the window from the store if it is time, then take what is
+    /// due by `clock` (at most `max`), holding back a partition's jobs due
+    /// after `until` (how far it has been read).
+    pub(super) fn take(
+        w: &mut TimerWheel,
+        store: &Store,
+        clock: &dyn Clock,
+        max: usize,
+        until: &HashMap<i32, i64>,
+    ) -> Result<Round, StoreError> {
+        let now_ms = clock.now().timestamp_millis();
+        if w.refill_due_ms().is_some_and(|t| t <= now_ms) {
+            w.refill(store, now_ms)?;
+        }
+        let Due { jobs: due, held } = w.take_due(now_ms, max, until);
+        let direct = w.take_direct(&due);
+        let parts = due.iter().map(|(k, _)| k.partition).collect();
+        // Jobs due but held wake the dispatcher when their partition has
+        // been read further (ingest and probes notify).
+        let wake_at = [w.next_after_ms(now_ms), w.refill_due_ms()]
+            .into_iter()
+            .flatten()
+            .min();
+        Ok(Round {
+            now_ms,
+            due,
+            direct,
+            parts,
+            wake_at,
+            held,
+        })
+    }
+}
+
+/// About how many fired jobs may wait for the finisher (four of its rounds).
+const FINISH_QUEUE_JOBS: usize = 4 * FINISH_ROUND_JOBS;
 
 /// Due jobs held because their schedule partition has not been read up to
 /// their run-at: asks for probes, and says so when it lasts.
@@ -142,7 +203,7 @@ pub(super) struct FireBatch {
     /// Which of `due` are direct jobs (not in the store, nor the changelog).
     pub(super) direct: HashSet<DueKey>,
     pub(super) writes: FireWrites,
-    /// The partitions of `due`, each counted once in `Shared::firing`.
+    /// The partitions of `due`, each counted once in [`super::Firing`].
     pub(super) parts: HashSet<i32>,
 }
 
@@ -197,3 +258,6 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
     }
     writes
 }
+
+#[cfg(test)]
+mod tests;

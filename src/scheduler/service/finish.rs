@@ -26,10 +26,7 @@ pub(super) const FINISH_ROUND_JOBS: usize = 8_192;
 
 /// Finish fire batches as they come, merging the batches waiting (up to
 /// [`FINISH_ROUND_JOBS`]) into one round of tombstones, store deletes and flush.
-pub(super) async fn finish_loop(
-    shared: Arc<Shared>,
-    mut inbox: tokio::sync::mpsc::UnboundedReceiver<FireBatch>,
-) {
+pub(super) async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mpsc::Receiver<FireBatch>) {
     while let Some(first) = inbox.recv().await {
         let mut jobs = first.due.len();
         let mut batches = vec![first];
@@ -49,18 +46,7 @@ pub(super) async fn finish_loop(
             parts.push(b.parts);
         }
         let ok = finish_fire(&shared, due, direct, writes).await;
-        {
-            let mut firing = shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-            for p in parts.into_iter().flatten() {
-                if let Some(n) = firing.get_mut(&p) {
-                    *n -= 1;
-                    if *n == 0 {
-                        firing.remove(&p);
-                    }
-                }
-            }
-        }
-        shared.firing_done.notify_all();
+        shared.firing.finish(&parts);
         if let Err(e) = ok {
             shared.fail(e.to_string());
         }

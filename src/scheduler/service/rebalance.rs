@@ -46,17 +46,10 @@ impl ConsumerContext for Ctx {
             }
         }
         // Wait for a fire in flight from these partitions to finish.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut firing = self.shared.firing.lock().unwrap_or_else(|e| e.into_inner());
-        while parts.iter().any(|p| firing.contains_key(p)) && Instant::now() < deadline {
-            firing = self
-                .shared
-                .firing_done
-                .wait_timeout(firing, Duration::from_millis(100))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        let deadline = Instant::now() + self.shared.cfg.scheduler.revocation_deadline;
+        if !self.shared.firing.wait_idle(&parts, deadline) {
+            warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
         }
-        drop(firing);
         // The batches read from these partitions are applied (their offsets
         // may then be committed).
         if !self.shared.applying.wait_idle(deadline) {
