@@ -354,7 +354,7 @@ impl Reader {
 struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
-    handle: kairos::scheduler::service::SchedulerHandle,
+    handle: kairos::scheduler::SchedulerHandle,
     _dir: tempfile::TempDir,
 }
 
@@ -374,7 +374,7 @@ fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker, rule: Rule) ->
     let running = spawn_scheduler(rt, &cfg, rule);
     let n = cfg.topics.schedule_partitions as usize;
     common::wait_for("scheduler to own its partitions", Duration::from_secs(60), || {
-        (running.handle.status().owned.len() == n).then_some(())
+        (running.handle.stats().owned.len() == n).then_some(())
     });
     (cfg, running)
 }
@@ -401,13 +401,13 @@ fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Ru
         .expect("temp dir");
     let mut cfg = cfg.clone();
     cfg.scheduler.data_dir = dir.path().join("store");
-    let mut s = Scheduler::new(&cfg, kairos::clock::system()).expect("scheduler");
+    let mut s = Scheduler::builder(&cfg).build().expect("scheduler");
     if rule == Rule::Off {
         s = s.fire_unread();
     }
     let handle = s.handle();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(s.run(async {
+    let task = rt.spawn(s.run_until(async {
         let _ = rx.await;
     }));
     Running {
@@ -590,7 +590,7 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
     let t0 = now_us();
     let watcher = std::thread::spawn(move || {
         while !ws.load(Ordering::Relaxed) {
-            if handle.status().ingested >= n as u64 {
+            if handle.stats().ingested >= n as u64 {
                 return Some(now_us());
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -607,9 +607,9 @@ fn throughput_kairos(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bod
         seen.len() >= n,
         "only {} of {n} jobs fired within the deadline; status {:?}",
         seen.len(),
-        running.handle.status()
+        running.handle.stats()
     );
-    let st = running.handle.status();
+    let st = running.handle.stats();
     running.stop(rt);
     eprintln!("  kairos status after: {st:?}");
     Throughput {
@@ -642,7 +642,7 @@ fn throughput_drain(
     let mut first_fire = None;
     let mut all_ingested = None;
     let fired_at = loop {
-        let st = running.handle.status();
+        let st = running.handle.stats();
         let now = now_us();
         if first_ingest.is_none() && st.ingested > 0 {
             first_ingest = Some(now);
@@ -669,7 +669,7 @@ fn throughput_drain(
     );
     let seen = reader_from(&cfg.kafka.brokers, &cfg.topics.work[0], n, deadline, false).finish();
     assert_eq!(seen.len(), n, "drained jobs read back");
-    let st = running.handle.status();
+    let st = running.handle.stats();
     running.stop(rt);
     eprintln!("  drain status after: {st:?}");
     Throughput {
@@ -711,7 +711,7 @@ fn throughput_durable(
         let deadline = Instant::now() + Duration::from_secs(600);
         let (mut first, mut ingested) = (None, None);
         loop {
-            let st = handle.status();
+            let st = handle.stats();
             let now = now_us();
             if first.is_none() && st.ingested > 0 {
                 first = Some(now);
@@ -737,7 +737,7 @@ fn throughput_durable(
     )
     .finish();
     assert_eq!(seen.len(), n as usize, "durable jobs read back");
-    let st = running.handle.status();
+    let st = running.handle.stats();
     running.stop(rt);
     eprintln!("  durable status after: {st:?}");
     Durable {
@@ -1053,7 +1053,7 @@ fn main() {
                     rate,
                     LEAD_MS,
                 );
-                let st = running.handle.status();
+                let st = running.handle.stats();
                 running.stop(&rt);
                 (l, st)
             };

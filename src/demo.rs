@@ -140,13 +140,13 @@ pub async fn run(
     cfg.worker.topics = vec![work.clone()];
 
     let stop = CancellationToken::new();
-    let scheduler = Scheduler::new(&cfg, crate::clock::system()).map_err(failed)?;
+    let scheduler = Scheduler::builder(&cfg).build().map_err(failed)?;
     let member = scheduler
         .instance_id()
         .map_or("a dynamic member".to_string(), |id| format!("static member {id}"));
     let sched = scheduler.handle();
     let st = stop.clone();
-    let sched_task = tokio::spawn(scheduler.run(async move { st.cancelled().await }));
+    let sched_task = tokio::spawn(scheduler.run_until(async move { st.cancelled().await }));
     println!(
         "scheduler  started as {member} (a restart takes its partitions back at once);\n           \
          pending jobs kept in {}",
@@ -179,7 +179,7 @@ pub async fn run(
     );
 
     let ready = std::time::Instant::now() + Duration::from_secs(60);
-    while sched.status().owned.len() < cfg.topics.schedule_partitions as usize || wh.stats().owned == 0 {
+    while sched.stats().owned.len() < cfg.topics.schedule_partitions as usize || wh.stats().owned == 0 {
         if std::time::Instant::now() > ready {
             return Err(failed(
                 "scheduler and worker did not get their partitions within 60 s",

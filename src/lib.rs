@@ -33,6 +33,7 @@ pub mod config;
 pub mod demo;
 pub mod dev_broker;
 pub mod example;
+#[doc(hidden)]
 pub mod hash;
 pub mod job;
 pub mod kafka;
@@ -51,4 +52,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError};
 pub use job::{Job, JobId};
 pub use producer::{Enqueue, ProduceError, Producer};
+pub use scheduler::Scheduler;
 pub use wire::{DecodeError, Limits};
+pub use worker::{Outcome, TestWorker, Worker};

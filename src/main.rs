@@ -194,8 +194,8 @@ async fn main() -> anyhow::Result<()> {
             kairos::demo::run(cfg, opts, cli.brokers.clone()).await?;
         }
         Command::Scheduler => {
-            let scheduler = kairos::scheduler::Scheduler::new(&cfg, kairos::clock::system())?;
-            scheduler.run(terminated()).await?;
+            let scheduler = kairos::scheduler::Scheduler::builder(&cfg).build()?;
+            scheduler.run_until(terminated()).await?;
         }
         Command::Worker { events } => {
             let log = events.as_ref().map(kairos::example::EventLog::open).transpose()?;

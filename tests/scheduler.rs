@@ -31,7 +31,7 @@ fn job_of(m: &OwnedMessage) -> Job {
 struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
-    handle: kairos::scheduler::service::SchedulerHandle,
+    handle: kairos::scheduler::SchedulerHandle,
 }
 
 fn start(cfg: &Config) -> Running {
@@ -39,10 +39,10 @@ fn start(cfg: &Config) -> Running {
 }
 
 fn start_with_clock(cfg: &Config, clock: kairos::clock::SharedClock) -> Running {
-    let s = Scheduler::new(cfg, clock).expect("scheduler");
+    let s = Scheduler::builder(cfg).clock(clock).build().expect("scheduler");
     let handle = s.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(s.run(async {
+    let task = tokio::spawn(s.run_until(async {
         let _ = rx.await;
     }));
     Running {
@@ -72,7 +72,7 @@ async fn started() -> (Broker, tempfile::TempDir, Config, Running) {
 
 fn wait_owned(r: &Running, n: usize) {
     wait_for("scheduler to own its partitions", T, || {
-        (r.handle.status().owned.len() == n).then_some(())
+        (r.handle.stats().owned.len() == n).then_some(())
     });
 }
 
@@ -117,7 +117,7 @@ async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
     }
     assert_eq!(record_count(&cfg.kafka.brokers, &work), 20);
     wait_for("pending to drain", T, || {
-        (running.handle.status().pending == 0).then_some(())
+        (running.handle.stats().pending == 0).then_some(())
     });
     running.stop().await;
     // Everything ingested is committed, and not one record further.
@@ -177,7 +177,7 @@ async fn cancel_and_reschedule_take_effect() {
     // Had the cancel, the reschedule or the replacement not taken effect,
     // those jobs (due before the sentinel, same partition) would sit before it.
     assert_eq!(record_count(&cfg.kafka.brokers, &work), 2);
-    let st = running.handle.status();
+    let st = running.handle.stats();
     assert_eq!(st.pending, 1, "the rescheduled job waits for year 9999");
     assert_eq!(st.cancelled, 1);
     running.stop().await;
@@ -260,7 +260,7 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
     let later = Job::new(&work, "k-0", b"later".to_vec()).at(Utc::now() + chrono::Duration::hours(1));
     write(&later).await;
     wait_for("the future job to be pending", T, || {
-        (running.handle.status().pending == 1).then_some(())
+        (running.handle.stats().pending == 1).then_some(())
     });
     // 200 jobs already due, and one due job replacing the pending one.
     let past = Utc::now() - chrono::Duration::seconds(1);
@@ -283,7 +283,7 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
         (common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule) == written)
             .then_some(())
     });
-    assert_eq!(running.handle.status().pending, 0, "the replaced job is gone");
+    assert_eq!(running.handle.stats().pending, 0, "the replaced job is gone");
     // The changelog saw only the stored job: its put, the replacement's put
     // and the replacement's tombstone. The 200 direct jobs wrote nothing
     // (beside how far each partition is handled, a record or two per batch).
@@ -412,20 +412,20 @@ async fn a_partition_moving_between_two_instances_loses_nothing() {
         .collect();
     let expected = enqueue_all(&producer, jobs).await;
     wait_for("A to hold every job", T, || {
-        (a.handle.status().pending == 500).then_some(())
+        (a.handle.stats().pending == 500).then_some(())
     });
     // B joins: some partitions move to B, which rebuilds them from the changelog.
     let b = start(&cfg_b);
     wait_for("partitions to split between A and B", T, || {
-        let (sa, sb) = (a.handle.status(), b.handle.status());
+        let (sa, sb) = (a.handle.stats(), b.handle.stats());
         (sa.owned.len() + sb.owned.len() == 3 && !sb.owned.is_empty()).then_some(())
     });
-    let (sa, sb) = (a.handle.status(), b.handle.status());
+    let (sa, sb) = (a.handle.stats(), b.handle.stats());
     assert_eq!(sa.pending + sb.pending, 500, "A {sa:?} B {sb:?}");
     // A leaves: everything ends on B.
     a.stop().await;
     wait_owned(&b, 3);
-    assert_eq!(b.handle.status().pending, 500);
+    assert_eq!(b.handle.stats().pending, 500);
     let dups = check_fired(&cfg_a, &expected);
     assert_eq!(dups, 0, "no fire was in flight while partitions moved");
     b.stop().await;
@@ -448,14 +448,14 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
         .collect();
     enqueue_all(&producer, jobs).await;
     wait_for("all pending", T, || {
-        (first.handle.status().pending == 200).then_some(())
+        (first.handle.stats().pending == 200).then_some(())
     });
     first.stop().await;
 
     // Same store: the checkpoint is at the changelog's end, nothing to replay.
     let again = start(&cfg);
     wait_owned(&again, 3);
-    let st = again.handle.status();
+    let st = again.handle.stats();
     assert_eq!((st.pending, st.replayed), (200, 0), "{st:?}");
     again.stop().await;
 
@@ -464,7 +464,7 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
     fresh_cfg.scheduler.data_dir = dir.path().join("b");
     let fresh = start(&fresh_cfg);
     wait_owned(&fresh, 3);
-    let st = fresh.handle.status();
+    let st = fresh.handle.stats();
     assert_eq!((st.pending, st.replayed), (200, 200), "{st:?}");
     fresh.stop().await;
 }
@@ -652,7 +652,7 @@ async fn a_cancel_behind_a_backlog_still_wins() {
         .await
         .unwrap();
     wait_for("the job to be pending", T, || {
-        (running.handle.status().pending == 1).then_some(())
+        (running.handle.stats().pending == 1).then_some(())
     });
     // The backlog, on the job's partition (same key), then the cancel.
     let backlog: Vec<Job> = (0..3000)
@@ -664,15 +664,15 @@ async fn a_cancel_behind_a_backlog_still_wins() {
     // The run-at comes while ingest is behind.
     clock.set(run_at + chrono::Duration::hours(1));
     running.handle.wake();
-    let ingested = running.handle.status().ingested;
+    let ingested = running.handle.stats().ingested;
     assert!(
         ingested < total,
         "ingest was behind at the run-at ({ingested} of {total})"
     );
     wait_for("ingest to read everything", Duration::from_secs(120), || {
-        (running.handle.status().ingested == total).then_some(())
+        (running.handle.stats().ingested == total).then_some(())
     });
-    let st = running.handle.status();
+    let st = running.handle.stats();
     assert_eq!(st.cancelled, 1, "{st:?}");
     running.stop().await;
     assert_eq!(
@@ -734,7 +734,7 @@ async fn records_read_again_after_a_kill_do_not_fire_again(fresh_store: bool) {
         "the successor to read the records again",
         Duration::from_secs(60),
         || {
-            let st = second.handle.status();
+            let st = second.handle.stats();
             (st.ingested == written && st.fired + st.skipped >= written).then_some(st)
         },
     );
@@ -790,7 +790,7 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
     // Once the control has fired and nothing is left pending or in memory,
     // the cancelled job, had it come back, would have fired too.
     wait_for("the control to fire and nothing to be left", T, || {
-        let st = again.handle.status();
+        let st = again.handle.stats();
         (st.fired >= 1 && st.pending == 0 && st.in_memory == 0).then_some(())
     });
     let n = record_count(&cfg.kafka.brokers, work) as usize;
@@ -818,14 +818,14 @@ async fn a_store_away_longer_than_tombstones_are_kept_rebuilds_from_the_changelo
     clock.advance(chrono::Duration::hours(1));
     let back = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&back, 1);
-    let st = back.handle.status();
+    let st = back.handle.stats();
     assert_eq!((st.pending, st.replayed), (0, 1), "{st:?}");
     back.stop().await;
     // Back two days later: the whole changelog is replayed.
     clock.advance(chrono::Duration::days(2));
     let late = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
     wait_owned(&late, 1);
-    let st = late.handle.status();
+    let st = late.handle.stats();
     assert_eq!((st.pending, st.replayed), (0, 2), "{st:?}");
     late.stop().await;
 }
@@ -850,7 +850,7 @@ async fn stored_then_cancelled_elsewhere(
     let job = Job::new(&setup.work, "key-1", b"x".to_vec()).at(base + due);
     enqueue_all(&setup.producer, vec![job.clone()]).await;
     wait_for("the job stored", T, || {
-        (first.handle.status().pending == 1).then_some(())
+        (first.handle.stats().pending == 1).then_some(())
     });
     first.stop().await;
     let mut other = setup.cfg.clone();
@@ -859,7 +859,7 @@ async fn stored_then_cancelled_elsewhere(
     wait_owned(&second, 1);
     setup.producer.cancel(job.id).await.unwrap();
     wait_for("the cancel applied", T, || {
-        (second.handle.status().cancelled == 1).then_some(())
+        (second.handle.stats().cancelled == 1).then_some(())
     });
     second.stop().await;
     (setup, clock, base, job)

@@ -69,13 +69,13 @@ async fn a_store_that_cannot_write_stops_the_scheduler_without_losing_jobs() {
     eprintln!("store failed after {committed} of {written} records were committed");
 
     // Without the limit, on the same store: every job is pending, none lost.
-    let s = Scheduler::new(&cfg, kairos::clock::system()).unwrap();
+    let s = Scheduler::builder(&cfg).build().unwrap();
     let handle = s.handle();
     let stop = tokio_util::sync::CancellationToken::new();
     let st = stop.clone();
-    let task = tokio::spawn(s.run(async move { st.cancelled().await }));
+    let task = tokio::spawn(s.run_until(async move { st.cancelled().await }));
     wait_for("every job pending again", Duration::from_secs(60), || {
-        (handle.status().pending == written as u64).then_some(())
+        (handle.stats().pending == written as u64).then_some(())
     });
     stop.cancel();
     task.await.unwrap().unwrap();

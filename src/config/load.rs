@@ -50,7 +50,7 @@ pub enum ConfigError {
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "KAIROS_";
 
-/// Load a configuration section (`T` is [`Config`] or a role's config that
+/// Load a configuration section (`T` is [`Config`](crate::Config) or a role's config that
 /// flattens it) from an optional file, then apply `KAIROS_...` overrides from
 /// the process environment.
 pub fn load<T: serde::de::DeserializeOwned>(path: Option<&Path>) -> Result<T, ConfigError> {

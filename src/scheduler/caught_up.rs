@@ -148,6 +148,7 @@ impl CaughtUp {
         }
     }
 
+    #[cfg(test)]
     /// Until when `partition`'s jobs may fire (`i64::MIN` when not owned).
     pub fn until_ms(&self, partition: i32) -> i64 {
         self.parts.get(&partition).map_or(i64::MIN, |p| p.until_ms)

@@ -76,7 +76,7 @@ impl DirectOffsets {
     }
 
     /// The offset to store for commit, if it moved since the last call.
-    pub fn to_store(&mut self) -> Option<i64> {
+    pub fn offset_to_store(&mut self) -> Option<i64> {
         let safe = self.safe();
         (safe > self.stored).then(|| {
             self.stored = safe;
@@ -97,22 +97,22 @@ mod tests {
     #[test]
     fn commits_stop_below_the_first_direct_job_in_flight() {
         let mut d = DirectOffsets::default();
-        assert_eq!(d.to_store(), None, "nothing ingested");
+        assert_eq!(d.offset_to_store(), None, "nothing ingested");
         d.hold(3);
         d.hold(7);
         d.ingested(9);
         assert_eq!(d.safe(), 2);
-        assert_eq!(d.to_store(), Some(2));
-        assert_eq!(d.to_store(), None, "unchanged");
+        assert_eq!(d.offset_to_store(), Some(2));
+        assert_eq!(d.offset_to_store(), None, "unchanged");
         d.release(7);
-        assert_eq!(d.to_store(), None, "3 still holds it");
+        assert_eq!(d.offset_to_store(), None, "3 still holds it");
         d.release(3);
-        assert_eq!(d.to_store(), Some(9));
+        assert_eq!(d.offset_to_store(), Some(9));
         d.hold(10);
         d.ingested(12);
-        assert_eq!(d.to_store(), None, "10 in flight: 9 stays the last");
+        assert_eq!(d.offset_to_store(), None, "10 in flight: 9 stays the last");
         d.release(10);
-        assert_eq!(d.to_store(), Some(12));
+        assert_eq!(d.offset_to_store(), Some(12));
         assert_eq!(d.in_flight(), 0);
     }
 
@@ -135,8 +135,8 @@ mod tests {
         d.hold(0);
         d.ingested(5);
         assert_eq!(d.safe(), -1);
-        assert_eq!(d.to_store(), None);
+        assert_eq!(d.offset_to_store(), None);
         d.release(0);
-        assert_eq!(d.to_store(), Some(5));
+        assert_eq!(d.offset_to_store(), Some(5));
     }
 }

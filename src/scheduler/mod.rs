@@ -7,14 +7,14 @@
 //!   per concern: keys, buckets, chunk codec, near runs, id hints, batch
 //!   overlay, cascade, compaction, checkpoint, and its private value log).
 //! - [`timer_wheel`]: the in-memory window over the near future.
-//! - [`changelog`]: the compacted changelog that hands a partition's state
+//! - `changelog`: the compacted changelog that hands a partition's state
 //!   to its next owner.
-//! - [`direct`]: commit offsets of jobs already due on arrival, which fire
+//! - `direct`: commit offsets of jobs already due on arrival, which fire
 //!   from memory without touching the store or the changelog.
-//! - [`instance`]: the instance's stable id in its group (static membership).
-//! - [`caught_up`]: how far each schedule partition has been read, in time;
+//! - `instance`: the instance's stable id in its group (static membership).
+//! - `caught_up`: how far each schedule partition has been read, in time;
 //!   a job fires only once its partition is read up to its run-at.
-//! - [`service`]: ingest (consume, persist, commit), dispatch (fire on time)
+//! - `service`: ingest (consume, persist, commit), dispatch (fire on time)
 //!   and partition moves.
 //!
 //! # Guarantees
@@ -25,7 +25,7 @@
 //! against the partition's end offset, or a newer record's timestamp less
 //! `max_clock_skew`). A cancel or reschedule that meets its job being
 //! fired is too late (the job fires as it was; counted in
-//! `Status::too_late`); one read after the fire finds nothing to change. A
+//! `SchedulerStats::too_late`); one read after the fire finds nothing to change. A
 //! job put again under its id while it fires (a worker's retry) is a new
 //! job.
 //!
@@ -43,13 +43,20 @@
 //! write was acknowledged and before its schedule offset was committed. The
 //! job id is the same both times, so handlers deduplicate on it.
 
-pub mod caught_up;
-pub mod changelog;
-pub mod direct;
-pub mod instance;
-pub mod service;
+pub(crate) mod caught_up;
+pub(crate) mod changelog;
+pub(crate) mod direct;
+pub(crate) mod instance;
+mod service;
+// Not part of the API: public (and hidden from the docs) for the benchmarks,
+// which measure the store and the window on their own.
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod stored;
+#[doc(hidden)]
 pub mod timer_wheel;
 
-pub use service::{Scheduler, SchedulerError, Status};
+pub use changelog::RebuildError;
+pub use instance::InstanceIdError;
+pub use service::{Scheduler, SchedulerBuilder, SchedulerError, SchedulerHandle, SchedulerStats};

@@ -98,9 +98,9 @@ struct Stats {
     replayed: AtomicU64,
 }
 
-/// A snapshot of what the scheduler is doing.
+/// A snapshot of what the scheduler holds and has done.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Status {
+pub struct SchedulerStats {
     /// Schedule partitions owned.
     pub owned: Vec<i32>,
     /// Jobs pending in owned partitions.
@@ -199,7 +199,7 @@ impl Shared {
     /// Hand the consumer every partition's committable offset that moved.
     fn store_offsets(&self, consumer: &BaseConsumer<Ctx>) {
         for (p, d) in self.direct().iter_mut() {
-            if let Some(offset) = d.to_store() {
+            if let Some(offset) = d.offset_to_store() {
                 // librdkafka commits one past the stored offset.
                 if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, *p, offset) {
                     // The partition was revoked meanwhile: its next owner
@@ -212,14 +212,58 @@ impl Shared {
     }
 }
 
-/// The scheduler service.
+/// The scheduler service: a consumer-group member that holds the schedule
+/// topic's jobs on disk and fires each into its work topic at its run-at.
+///
+/// ```no_run
+/// # async fn demo(cfg: kairos::Config) -> Result<(), kairos::scheduler::SchedulerError> {
+/// use futures::FutureExt;
+///
+/// let scheduler = kairos::Scheduler::builder(&cfg).build()?;
+/// let handle = scheduler.handle();
+/// tokio::spawn(async move {
+///     loop {
+///         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+///         println!("{} jobs pending", handle.stats().pending);
+///     }
+/// });
+/// scheduler.run_until(tokio::signal::ctrl_c().map(|_| ())).await?;
+/// # Ok(()) }
+/// ```
 pub struct Scheduler {
     shared: Arc<Shared>,
 }
 
+/// Builds a [`Scheduler`].
+pub struct SchedulerBuilder {
+    cfg: Config,
+    clock: SharedClock,
+}
+
+impl SchedulerBuilder {
+    /// The clock that decides when jobs are due (tests inject a
+    /// [`crate::ManualClock`]; default: the system clock).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Open the store (`scheduler.data_dir`) and create the Kafka clients.
+    pub fn build(self) -> Result<Scheduler, SchedulerError> {
+        Scheduler::open(&self.cfg, self.clock)
+    }
+}
+
 impl Scheduler {
-    /// Open the store and create the Kafka clients.
-    pub fn new(cfg: &Config, clock: SharedClock) -> Result<Self, SchedulerError> {
+    /// Start building a scheduler from configuration (`[scheduler]` and the rest).
+    pub fn builder(cfg: &Config) -> SchedulerBuilder {
+        SchedulerBuilder {
+            cfg: cfg.clone(),
+            clock: crate::clock::system(),
+        }
+    }
+
+    fn open(cfg: &Config, clock: SharedClock) -> Result<Self, SchedulerError> {
         let s = &cfg.scheduler;
         std::fs::create_dir_all(&s.data_dir).map_err(|e| StoreError::Sled(e.into()))?;
         let store = Store::open_with_clock(&s.data_dir, s.cache_capacity, clock.clone())?;
@@ -254,8 +298,8 @@ impl Scheduler {
     }
 
     /// What the scheduler holds and has done.
-    pub fn status(&self) -> Status {
-        status(&self.shared)
+    pub fn stats(&self) -> SchedulerStats {
+        stats(&self.shared)
     }
 
     /// The id this instance joins its group with as a static member
@@ -285,7 +329,8 @@ impl Scheduler {
         self
     }
 
-    /// A handle for reading status and waking the dispatcher while `run` goes on.
+    /// A handle for reading counters and waking the dispatcher while
+    /// [`Scheduler::run_until`] goes on.
     pub fn handle(&self) -> SchedulerHandle {
         SchedulerHandle {
             shared: self.shared.clone(),
@@ -297,7 +342,7 @@ impl Scheduler {
     /// committed. A dynamic member then leaves the group, so its partitions
     /// move at once; a static member (the default) keeps them until it
     /// comes back or `scheduler.session_timeout` has passed.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), SchedulerError> {
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), SchedulerError> {
         let shared = self.shared;
         let ingest_shared = shared.clone();
         let ingest = std::thread::Builder::new()
@@ -363,7 +408,7 @@ impl Scheduler {
         if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
             return Err(SchedulerError::Fatal(e));
         }
-        info!(status = ?status(&shared), "scheduler stopped");
+        info!(stats = ?stats(&shared), "scheduler stopped");
         Ok(())
     }
 }
@@ -376,8 +421,8 @@ pub struct SchedulerHandle {
 
 impl SchedulerHandle {
     /// What the scheduler holds and has done.
-    pub fn status(&self) -> Status {
-        status(&self.shared)
+    pub fn stats(&self) -> SchedulerStats {
+        stats(&self.shared)
     }
 
     /// Wake the dispatcher to look at the clock again.
@@ -386,7 +431,7 @@ impl SchedulerHandle {
     }
 }
 
-fn status(shared: &Shared) -> Status {
+fn stats(shared: &Shared) -> SchedulerStats {
     let (owned, in_memory) = {
         let w = shared.wheel();
         (w.partitions(), w.len())
@@ -395,7 +440,7 @@ fn status(shared: &Shared) -> Status {
         .iter()
         .map(|p| shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0))
         .sum();
-    Status {
+    SchedulerStats {
         owned,
         pending,
         in_memory,

@@ -9,7 +9,7 @@
 //! stay on disk until a refill reaches them. Memory is therefore bounded by
 //! `capacity`, whatever the number of pending jobs.
 //!
-//! *Direct* jobs (see [`crate::scheduler::direct`]) are due jobs that are not
+//! *Direct* jobs (see `scheduler/direct.rs`) are due jobs that are not
 //! in the store: they enter only where the window already mirrors the store
 //! (so they fire in order with stored jobs), at most half the capacity of
 //! them, and they are never dropped to make room.

@@ -8,7 +8,7 @@ use crate::job::{HeaderList, Job};
 /// Where a dead letter came from and why it died.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
-    /// Human-readable reason, e.g. a [`DecodeError`]'s text or the handler's last error.
+    /// Human-readable reason, e.g. a [`DecodeError`](crate::wire::DecodeError)'s text or the handler's last error.
     pub reason: String,
     /// Topic the record was read from.
     pub origin_topic: String,

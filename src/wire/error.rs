@@ -50,7 +50,7 @@ pub enum DecodeError {
     /// No record key: the key is the job's entity key.
     #[error("record has no key (the key is the job's entity key)")]
     MissingKey,
-    /// The key is longer than [`Limits::max_key_bytes`].
+    /// The key is longer than [`Limits::max_key_bytes`](crate::wire::Limits::max_key_bytes).
     #[error("key is {len} bytes, more than the limit of {max}")]
     KeyTooLarge {
         /// Key length.
@@ -58,10 +58,10 @@ pub enum DecodeError {
         /// The limit.
         max: usize,
     },
-    /// The value is empty and [`Limits::allow_empty_payload`] is off.
+    /// The value is empty and [`Limits::allow_empty_payload`](crate::wire::Limits::allow_empty_payload) is off.
     #[error("record has an empty payload")]
     EmptyPayload,
-    /// The value is longer than [`Limits::max_payload_bytes`].
+    /// The value is longer than [`Limits::max_payload_bytes`](crate::wire::Limits::max_payload_bytes).
     #[error("payload is {len} bytes, more than the limit of {max}")]
     PayloadTooLarge {
         /// Payload length.

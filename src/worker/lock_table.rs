@@ -52,6 +52,7 @@ impl<T: Keyed> Default for LockTable<T> {
 }
 
 impl<T: Keyed> LockTable<T> {
+    #[cfg(test)]
     /// An empty table.
     pub fn new() -> Self {
         Self::default()
@@ -136,6 +137,7 @@ impl<T: Keyed> LockTable<T> {
         self.running
     }
 
+    #[cfg(test)]
     /// Keys the table holds state for (running or buffered).
     pub fn keys(&self) -> usize {
         self.keys.len()

@@ -2,14 +2,14 @@
 //! key, in the order they were written, without losing any.
 //!
 //! Parts:
-//! - [`handler`]: the handler trait, [`Outcome`], [`JobContext`], backoff.
-//! - [`lock_table`]: per-key FIFOs, one running job per key.
-//! - [`offset_tracker`]: commit only below the first unfinished job.
-//! - [`service`]: the consumer-group member that ties them together.
+//! - `handler`: the handler trait, [`Outcome`], [`JobContext`], backoff.
+//! - `lock_table`: per-key FIFOs, one running job per key.
+//! - `offset_tracker`: commit only below the first unfinished job.
+//! - `service`: the consumer-group member that ties them together.
 //! - `settle`: what an outcome means (another attempt, a dead letter,
 //!   follow-ups) and writing it; the same rules in a running worker and in a
 //!   [`TestWorker`].
-//! - [`testing`]: [`TestWorker`], handlers run without a broker, for tests.
+//! - `testing`: [`TestWorker`], handlers run without a broker, for tests.
 //!
 //! # Guarantees
 //!
@@ -27,14 +27,14 @@
 //! honour their cancellation token) within `revocation_deadline`. A handler
 //! that runs past it may overlap with the key's next job on the new owner.
 
-pub mod handler;
-pub mod lock_table;
-pub mod offset_tracker;
-pub mod service;
+mod handler;
+pub(crate) mod lock_table;
+pub(crate) mod offset_tracker;
+mod service;
 mod settle;
-pub mod testing;
+mod testing;
 
-pub use handler::{Backoff, Handler, JobContext, Outcome};
+pub use handler::{Backoff, Handler, HandlerFuture, JobContext, Outcome};
 pub use service::{Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};
 pub use settle::Settled;
 pub use testing::{Run, TestWorker, Written};

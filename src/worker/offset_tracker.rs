@@ -33,6 +33,7 @@ impl PartitionOffsets {
 }
 
 impl OffsetTracker {
+    #[cfg(test)]
     /// An empty tracker.
     pub fn new() -> Self {
         Self::default()

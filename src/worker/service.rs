@@ -359,6 +359,11 @@ fn stats(shared: &Shared) -> WorkerStats {
 }
 
 impl Worker {
+    /// The worker's counters now.
+    pub fn stats(&self) -> WorkerStats {
+        stats(&self.shared)
+    }
+
     /// A handle for reading counters while the worker runs.
     pub fn handle(&self) -> WorkerHandle {
         WorkerHandle {

@@ -55,10 +55,10 @@ pub fn run<H: Handler>(cfg: &Config, with_scheduler: bool, handler: H) -> System
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     if with_scheduler {
-        let s = Scheduler::new(cfg, kairos::clock::system()).unwrap();
+        let s = Scheduler::builder(cfg).build().unwrap();
         let st = stop.clone();
         tasks.push(tokio::spawn(async move {
-            s.run(async move { st.cancelled().await })
+            s.run_until(async move { st.cancelled().await })
                 .await
                 .expect("scheduler");
         }));

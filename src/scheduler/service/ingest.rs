@@ -25,7 +25,7 @@ use rdkafka::Message;
 use tracing::{debug, info, warn};
 
 use super::apply::apply_loop;
-use super::{status, Ctx, SchedulerError, Shared};
+use super::{stats, Ctx, SchedulerError, Shared};
 
 use crate::hash::HashMap;
 use crate::job::JobId;
@@ -148,7 +148,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
 }
 
 fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
-    let st = status(shared);
+    let st = stats(shared);
     let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
     let mut lag = 0i64;
     if let Ok(pos) = consumer.position() {
