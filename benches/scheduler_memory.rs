@@ -92,8 +92,12 @@ fn main() {
     let mut wheel = TimerWheel::new(WHEEL_SPAN_MS, WHEEL_CAPACITY);
     for p in 0..PARTITIONS {
         wheel.add_partition(p);
+        // The cascader's step, as the scheduler does it before a refill.
+        store.cascade(p, base_ms + 2 * WHEEL_SPAN_MS).expect("cascade");
     }
-    wheel.refill(&store, base_ms).expect("refill");
+    let wheel = std::sync::Mutex::new(wheel);
+    kairos::scheduler::refill::refill(&wheel, &store, base_ms).expect("refill");
+    let wheel = wheel.into_inner().expect("wheel");
     let at_n = mem();
     let disk = store.size_on_disk().expect("size on disk");
     println!(

@@ -127,12 +127,19 @@ fn sled_run(jobs: &[(i32, StoredJob)], fire_at_ms: i64) -> Run {
                     store.cascade(p, fire_at_ms + 2 * WHEEL_SPAN_MS).expect("cascade");
                 }
             }
-            let mut w = wheel.lock().unwrap();
-            if w.refill_due_ms().is_some_and(|t| t <= fire_at_ms) {
-                w.refill(store, fire_at_ms).expect("refill");
+            let refill_due = wheel
+                .lock()
+                .unwrap()
+                .refill_due_ms()
+                .is_some_and(|t| t <= fire_at_ms);
+            if refill_due {
+                kairos::scheduler::refill::refill(wheel, store, fire_at_ms).expect("refill");
             }
-            let due = w.take_due(fire_at_ms, FIRE_BATCH, &read_to_end).jobs;
-            drop(w);
+            let due = wheel
+                .lock()
+                .unwrap()
+                .take_due(fire_at_ms, FIRE_BATCH, &read_to_end)
+                .jobs;
             if due.is_empty() {
                 break;
             }

@@ -6,7 +6,8 @@
 //! - [`store`]: the sled store of pending jobs, ordered by run-at (one file
 //!   per concern: keys, buckets, chunk codec, near runs, id hints, batch
 //!   overlay, cascade, compaction, checkpoint, and its private value log).
-//! - [`timer_wheel`]: the in-memory window over the near future.
+//! - [`timer_wheel`]: the in-memory window over the near future; it never
+//!   touches the store: [`refill`] reads for it, outside its lock.
 //! - `changelog`: the compacted changelog that hands a partition's state
 //!   to its next owner.
 //! - `direct`: commit offsets of jobs already due on arrival, which fire
@@ -50,6 +51,8 @@ pub(crate) mod instance;
 mod service;
 // Not part of the API: public (and hidden from the docs) for the benchmarks,
 // which measure the store and the window on their own.
+#[doc(hidden)]
+pub mod refill;
 #[doc(hidden)]
 pub mod store;
 #[doc(hidden)]

@@ -139,8 +139,11 @@ struct Shared {
     store: Store,
     /// The near future in memory; also the set of owned partitions.
     wheel: Mutex<TimerWheel>,
-    /// Wakes the dispatcher: a job due sooner, a new partition, shutdown.
+    /// Wakes the dispatcher: a job due sooner, a new partition, shutdown,
+    /// a cascade point moved on.
     wake: Notify,
+    /// Wakes the cascader: the window could not reach a span ahead.
+    cascade_wanted: Notify,
     /// Fire batches in flight per partition; revocation waits for them.
     firing: Firing,
     /// Per schedule partition: how far it may be committed, with the jobs
@@ -279,6 +282,7 @@ impl Scheduler {
                 store,
                 wheel: Mutex::new(wheel),
                 wake: Notify::new(),
+                cascade_wanted: Notify::new(),
                 firing: Firing::default(),
                 direct: Mutex::new(HashMap::default()),
                 producer,

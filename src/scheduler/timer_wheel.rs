@@ -9,6 +9,11 @@
 //! stay on disk until a refill reaches them. Memory is therefore bounded by
 //! `capacity`, whatever the number of pending jobs.
 //!
+//! The window never reads the store itself: a refill is planned here
+//! ([`TimerWheel::begin_refill`]), read by the caller outside the window's
+//! lock, and merged back ([`TimerWheel::finish_refill`]) together with the
+//! changes followed meanwhile (`scheduler/refill.rs` does the three steps).
+//!
 //! *Direct* jobs (see `scheduler/direct.rs`) are due jobs that are not
 //! in the store: they enter only where the window already mirrors the store
 //! (so they fire in order with stored jobs), at most half the capacity of
@@ -25,7 +30,7 @@ use std::collections::BTreeMap;
 use crate::hash::{HashMap, HashSet};
 
 use crate::job::JobId;
-use crate::scheduler::store::{Applied, DueKey, Store, StoreError};
+use crate::scheduler::store::{Applied, DueKey};
 use crate::scheduler::stored::StoredJob;
 
 /// How far a partition's window mirrors the store.
@@ -83,6 +88,37 @@ pub struct TimerWheel {
     /// Jobs ingest batches are changing, with how many batches: not taken
     /// until every one of them is applied.
     changing: HashMap<(i32, JobId), u32>,
+    /// The refill under way, if any.
+    refilling: Option<Refilling>,
+    /// Numbers refills, so a refill of a partition let go and taken again
+    /// meanwhile is told apart.
+    next_ticket: u64,
+}
+
+/// A refill under way: the changes the window followed for its partition
+/// while the store was read.
+struct Refilling {
+    partition: i32,
+    ticket: u64,
+    log: Vec<Applied>,
+}
+
+/// A read of the store a refill asks for ([`TimerWheel::begin_refill`]):
+/// `partition`'s pending jobs after `after` and due at or before
+/// `until_ms`, at most `room` of them, in key order.
+#[derive(Debug)]
+pub struct RefillRead {
+    /// The schedule partition.
+    pub partition: i32,
+    /// Read after this key (`None`: from the start).
+    pub after: Option<DueKey>,
+    /// Read up to this run-at, inclusive.
+    pub until_ms: i64,
+    /// Read at most this many jobs.
+    pub room: usize,
+    /// The partition's horizon when the read was planned.
+    horizon: Option<Horizon>,
+    ticket: u64,
 }
 
 /// What [`TimerWheel::take_due`] found.
@@ -107,21 +143,30 @@ impl TimerWheel {
             direct_ids: HashMap::default(),
             firing: HashSet::default(),
             changing: HashMap::default(),
+            refilling: None,
+            next_ticket: 0,
         }
     }
 
     /// Start tracking `partition` (its jobs load on the next refill).
     pub fn add_partition(&mut self, partition: i32) {
+        self.forget_refill(partition);
         self.horizons.insert(partition, None);
     }
 
     /// Stop tracking `partition` and drop its jobs from memory.
     pub fn remove_partition(&mut self, partition: i32) {
+        self.forget_refill(partition);
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
         self.direct.retain(|k| k.partition != partition);
         self.direct_ids.retain(|(p, _), _| *p != partition);
         self.changing.retain(|(p, _), _| *p != partition);
+    }
+
+    /// Drop the refill of `partition` under way, if any.
+    fn forget_refill(&mut self, partition: i32) {
+        self.refilling.take_if(|r| r.partition == partition);
     }
 
     /// Whether a direct job at `k` may enter: its partition is mirrored up
@@ -225,6 +270,11 @@ impl TimerWheel {
         v
     }
 
+    /// How far ahead of now the window reaches, in milliseconds.
+    pub fn span_ms(&self) -> i64 {
+        self.span_ms
+    }
+
     /// Jobs in memory.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -238,6 +288,11 @@ impl TimerWheel {
     /// Follow changes the store applied, keeping the window a faithful
     /// mirror up to each horizon.
     pub fn follow(&mut self, applied: &[Applied]) {
+        if let Some(r) = &mut self.refilling {
+            let p = r.partition;
+            r.log
+                .extend(applied.iter().filter(|a| a.key().partition == p).cloned());
+        }
         for a in applied {
             match a {
                 Applied::Removed(k, _) => {
@@ -278,52 +333,90 @@ impl TimerWheel {
         }
     }
 
-    /// Load from the store whatever is due within the span of `now_ms` and
-    /// not yet in memory, within capacity. First moves the store's cascade
-    /// point to twice the span ahead, so that the near range covers the span.
-    pub fn refill(&mut self, store: &Store, now_ms: i64) -> Result<(), StoreError> {
-        let mut parts: Vec<i32> = self.horizons.keys().copied().collect();
-        parts.sort_unstable();
-        for p in parts {
-            // Nothing to follow: the jobs a cascade moves are due at or after
-            // the old cascade point, beyond this partition's horizon.
-            let cascaded_to = store.cascade(p, now_ms.saturating_add(2 * self.span_ms))?;
-            // Jobs due at or after the cascade point are not in the near range yet.
-            let until = now_ms
-                .saturating_add(self.span_ms)
-                .min(cascaded_to.saturating_sub(1));
-            let h = self.horizons[&p];
-            if matches!(h, Some(h) if h.run_at_ms >= until) {
-                continue;
-            }
-            let room = self.capacity.saturating_sub(self.entries.len());
-            if room == 0 {
-                break;
-            }
-            let got = store.scan_due(p, h.map(|h| h.as_key(p)), until, room)?;
-            let full = got.len() == room;
-            let last = got.last().map(|(k, _)| *k);
-            if got.len() >= self.entries.len() {
-                // Merging costs the size of both maps, and builds the
-                // scanned (sorted) jobs in one pass: cheaper than inserting
-                // them one by one when they are the larger part.
-                self.entries.append(&mut got.into_iter().collect());
-            } else {
-                self.entries.extend(got);
-            }
-            let new_h = match (full, last) {
-                (true, Some(k)) => Horizon {
-                    run_at_ms: k.run_at_ms,
-                    seq: k.seq,
-                },
-                _ => Horizon {
-                    run_at_ms: until,
-                    seq: u64::MAX,
-                },
-            };
-            self.horizons.insert(p, Some(new_h));
+    /// Start a refill of `partition` at `now_ms`: the read of the store that
+    /// brings its window up to `now_ms` + span, or up to just before the
+    /// store's cascade point `cascaded_to` if that comes first (jobs at or
+    /// after it are not in the near range yet); `None` when the window
+    /// already reaches that far or is full. The read is done outside the
+    /// window's lock; changes the window follows meanwhile are kept and
+    /// applied over what was read in [`TimerWheel::finish_refill`].
+    pub fn begin_refill(&mut self, partition: i32, now_ms: i64, cascaded_to: i64) -> Option<RefillRead> {
+        let horizon = *self.horizons.get(&partition)?;
+        let until_ms = now_ms
+            .saturating_add(self.span_ms)
+            .min(cascaded_to.saturating_sub(1));
+        if matches!(horizon, Some(h) if h.run_at_ms >= until_ms) {
+            return None;
         }
-        Ok(())
+        let room = self.capacity.saturating_sub(self.entries.len());
+        if room == 0 {
+            return None;
+        }
+        self.next_ticket += 1;
+        self.refilling = Some(Refilling {
+            partition,
+            ticket: self.next_ticket,
+            log: Vec::new(),
+        });
+        Some(RefillRead {
+            partition,
+            after: horizon.map(|h| h.as_key(partition)),
+            until_ms,
+            room,
+            horizon,
+            ticket: self.next_ticket,
+        })
+    }
+
+    /// Finish a refill with what the store returned for `read` (in key
+    /// order); false if it was dropped: the partition was let go or taken
+    /// again, or its horizon was pulled back to make room meanwhile (a later
+    /// refill reads again).
+    pub fn finish_refill(&mut self, read: RefillRead, got: Vec<(DueKey, StoredJob)>) -> bool {
+        let Some(refilling) = self.refilling.take_if(|r| r.ticket == read.ticket) else {
+            return false;
+        };
+        if self.horizons.get(&read.partition) != Some(&read.horizon) {
+            return false;
+        }
+        let full = got.len() >= read.room;
+        let last = got.last().map(|(k, _)| *k);
+        if got.len() >= self.entries.len() {
+            // Merging costs the size of both maps, and builds the scanned
+            // (sorted) jobs in one pass: cheaper than inserting them one by
+            // one when they are the larger part.
+            self.entries.append(&mut got.into_iter().collect());
+        } else {
+            self.entries.extend(got);
+        }
+        let new_h = match (full, last) {
+            (true, Some(k)) => Horizon {
+                run_at_ms: k.run_at_ms,
+                seq: k.seq,
+            },
+            _ => Horizon {
+                run_at_ms: read.until_ms,
+                seq: u64::MAX,
+            },
+        };
+        self.horizons.insert(read.partition, Some(new_h));
+        // Changes applied to the store while it was read, beyond the old
+        // horizon (the window followed the others as they came): the read
+        // may have missed them, and applying them again is harmless.
+        let fresh = |k: &DueKey| new_h.covers(k) && !read.horizon.is_some_and(|h| h.covers(k));
+        for a in refilling.log {
+            match a {
+                Applied::Added(k, job) if fresh(&k) => {
+                    self.entries.insert(k, job);
+                }
+                Applied::Removed(k, _) if fresh(&k) => {
+                    self.entries.remove(&k);
+                }
+                _ => {}
+            }
+        }
+        self.shrink();
+        true
     }
 
     /// When the window next needs a refill: when half its span has passed

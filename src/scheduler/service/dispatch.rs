@@ -3,7 +3,7 @@
 //! order, and pass the batch to the finisher.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
@@ -11,11 +11,13 @@ use rdkafka::types::RDKafkaErrorCode;
 use tracing::{info, warn};
 
 use super::finish::{finish_loop, FINISH_ROUND_JOBS};
+use super::firing::Firing;
 use super::Shared;
 
 use crate::clock::Clock;
 use crate::hash::{HashMap, HashSet};
 use crate::kafka;
+use crate::scheduler::refill::refill;
 use crate::scheduler::store::DueKey;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::stored::StoredJob;
@@ -44,20 +46,14 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         if shared.fire_unread.load(Ordering::Relaxed) {
             until.values_mut().for_each(|u| *u = i64::MAX);
         }
-        let round = {
-            let mut w = shared.wheel();
-            let round = Round::take(
-                &mut w,
-                &shared.store,
-                &*shared.clock,
-                shared.cfg.scheduler.fire_batch,
-                &until,
-            );
-            if let Ok(r) = &round {
-                shared.firing.start(&r.parts);
-            }
-            round
-        };
+        let round = Round::take(
+            &shared.wheel,
+            &shared.store,
+            &shared.firing,
+            &*shared.clock,
+            shared.cfg.scheduler.fire_batch,
+            &until,
+        );
         let Round {
             now_ms: now,
             due,
@@ -65,6 +61,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             parts,
             wake_at,
             held,
+            behind_cascade,
         } = match round {
             Ok(r) => r,
             Err(e) => {
@@ -72,6 +69,10 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
                 break;
             }
         };
+        if behind_cascade {
+            // The cascader wakes the dispatcher when it has moved on.
+            shared.cascade_wanted.notify_one();
+        }
         holding.update(&shared, &held, now);
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
@@ -118,32 +119,42 @@ pub(super) struct Round {
     /// Per partition, the latest run-at of due jobs held because the
     /// partition is not read up to it (`until`).
     pub(super) held: HashMap<i32, i64>,
+    /// A partition's cascade point kept the window from reaching a span ahead.
+    pub(super) behind_cascade: bool,
 }
 
 impl Round {
-    /// Refill the window from the store if it is time, then take what is
-    /// due by `clock` (at most `max`), holding back a partition's jobs due
-    /// after `until` (how far it has been read).
+    /// Refill the window from the store if it is time (reading the store
+    /// with the window unlocked), then take what is due by `clock` (at most
+    /// `max`), holding back a partition's jobs due after `until` (how far it
+    /// has been read), and count the batch as firing.
     pub(super) fn take(
-        w: &mut TimerWheel,
+        wheel: &Mutex<TimerWheel>,
         store: &Store,
+        firing: &Firing,
         clock: &dyn Clock,
         max: usize,
         until: &HashMap<i32, i64>,
     ) -> Result<Round, StoreError> {
+        let lock = || wheel.lock().unwrap_or_else(|e| e.into_inner());
         let now_ms = clock.now().timestamp_millis();
-        if w.refill_due_ms().is_some_and(|t| t <= now_ms) {
-            w.refill(store, now_ms)?;
-        }
+        let behind_cascade = if lock().refill_due_ms().is_some_and(|t| t <= now_ms) {
+            refill(wheel, store, now_ms)?.behind_cascade
+        } else {
+            false
+        };
+        let mut w = lock();
         let Due { jobs: due, held } = w.take_due(now_ms, max, until);
         let direct = w.take_direct(&due);
         let parts = due.iter().map(|(k, _)| k.partition).collect();
+        // Under the window's lock: a revocation that takes the partition
+        // out of the window next then waits for this batch.
+        firing.start(&parts);
         // Jobs due but held wake the dispatcher when their partition has
-        // been read further (ingest and probes notify).
-        let wake_at = [w.next_after_ms(now_ms), w.refill_due_ms()]
-            .into_iter()
-            .flatten()
-            .min();
+        // been read further (ingest and probes notify); a window held back
+        // by the cascade point, when the cascader has moved it.
+        let refill_at = w.refill_due_ms().filter(|_| !behind_cascade);
+        let wake_at = [w.next_after_ms(now_ms), refill_at].into_iter().flatten().min();
         Ok(Round {
             now_ms,
             due,
@@ -151,6 +162,7 @@ impl Round {
             parts,
             wake_at,
             held,
+            behind_cascade,
         })
     }
 }

@@ -1,5 +1,6 @@
-//! Upkeep off the firing path: the cascade kept three windows ahead, and
-//! the value log compacted.
+//! Upkeep off the firing path: the cascader, which keeps every owned
+//! partition's cascade point three windows ahead (the one place it moves
+//! while partitions are owned), and the value log compacted.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,25 +10,37 @@ use super::{blocking_store, Shared};
 /// Keep every owned partition's cascade point three windows ahead, off the
 /// dispatcher's path: moving far jobs into the near range rewrites their
 /// chunks, and done inside a refill it held up the fires (by up to 100 ms
-/// with a short window). The refill then finds the near range ready. The
-/// window has nothing to follow: cascaded jobs are beyond its horizons.
+/// with a short window). The refill then finds the near range ready; one
+/// that does not (the clock jumped, a partition just came) asks for a round
+/// now, and the dispatcher is woken after it. The window has nothing to
+/// follow: cascaded jobs are beyond its horizons.
 pub(super) async fn cascade_loop(shared: Arc<Shared>) {
     let every = (shared.cfg.scheduler.window / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     loop {
         let parts = shared.wheel().partitions();
         let until = cascade_until(&shared);
+        let mut moved_any = false;
         for p in parts {
-            let moved = blocking_store(&shared, "cascade", move |s| loop {
-                let t = s.store.cascade(p, until)?;
-                if t >= until || s.stop.is_cancelled() {
-                    return Ok(());
+            let moved = blocking_store(&shared, "cascade", move |s| {
+                let from = s.store.checkpoint(p)?.cascaded_to;
+                loop {
+                    let t = s.store.cascade(p, until)?;
+                    if t >= until || s.stop.is_cancelled() {
+                        return Ok(t > from);
+                    }
                 }
             })
             .await;
-            if let Err(e) = moved {
-                shared.fail(format!("cascading partition {p}: {e}"));
-                return;
+            match moved {
+                Ok(moved) => moved_any |= moved,
+                Err(e) => {
+                    shared.fail(format!("cascading partition {p}: {e}"));
+                    return;
+                }
             }
+        }
+        if moved_any {
+            shared.wake.notify_one();
         }
         // Stragglers (jobs due far ahead) keep old value-log segments alive:
         // copy them forward so the segments can go.
@@ -45,6 +58,7 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = shared.cascade_wanted.notified() => {}
             _ = shared.stop.cancelled() => return,
         }
     }

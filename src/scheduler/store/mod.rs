@@ -136,6 +136,15 @@ pub enum Applied {
     Removed(DueKey, JobId),
 }
 
+impl Applied {
+    /// The key the change is at.
+    pub fn key(&self) -> &DueKey {
+        match self {
+            Applied::Added(k, _) | Applied::Removed(k, _) => k,
+        }
+    }
+}
+
 /// What one batch does to one partition: its changes, and how far they move
 /// the partition's checkpoints (see [`Checkpoint`]).
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,6 +1,6 @@
 use super::*;
 use crate::job::Job;
-use crate::scheduler::store::Change;
+use crate::scheduler::store::{Change, Store};
 use chrono::{TimeZone, Utc};
 
 fn put(key: &str, ms: i64, seq: u64) -> Change {
@@ -12,6 +12,20 @@ fn put(key: &str, ms: i64, seq: u64) -> Change {
 fn take(w: &mut TimerWheel, now_ms: i64, max: usize) -> Vec<(DueKey, StoredJob)> {
     let until = w.partitions().into_iter().map(|p| (p, i64::MAX)).collect();
     w.take_due(now_ms, max, &until).jobs
+}
+
+/// A refill as the scheduler does it: the cascader keeps the store's
+/// cascade point ahead, the window plans each read, the store is read, the
+/// window merges it.
+fn refill(w: &mut TimerWheel, s: &Store, now_ms: i64) {
+    for p in w.partitions() {
+        s.cascade(p, now_ms + 2 * w.span_ms()).unwrap();
+        let cascaded_to = s.checkpoint(p).unwrap().cascaded_to;
+        if let Some(read) = w.begin_refill(p, now_ms, cascaded_to) {
+            let got = s.scan_due(p, read.after, read.until_ms, read.room).unwrap();
+            assert!(w.finish_refill(read, got));
+        }
+    }
 }
 
 fn store() -> (tempfile::TempDir, Store) {
@@ -27,11 +41,11 @@ fn holds_only_the_span_and_refills_as_time_moves() {
     s.apply(0, &changes, None).unwrap();
     let mut w = TimerWheel::new(10_000, 1000);
     w.add_partition(0);
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     assert_eq!(w.len(), 11, "run-at 0..=10s");
     assert_eq!(take(&mut w, 5_000, 100).len(), 6);
     assert_eq!(w.refill_due_ms(), Some(5_000));
-    w.refill(&s, 50_000).unwrap();
+    refill(&mut w, &s, 50_000);
     assert_eq!(w.next_after_ms(i64::MIN), Some(6_000));
     assert_eq!(w.len(), 55, "6s..=60s");
 }
@@ -45,7 +59,7 @@ fn capacity_bounds_memory_and_nothing_is_skipped() {
     w.add_partition(0);
     let mut fired = Vec::new();
     for _ in 0..20 {
-        w.refill(&s, 1000).unwrap();
+        refill(&mut w, &s, 1000);
         assert!(w.len() <= 8);
         let batch = take(&mut w, 1000, 3);
         for (k, _) in &batch {
@@ -70,7 +84,7 @@ fn new_jobs_inside_the_horizon_enter_at_once_later_ones_wait() {
     let (_d, s) = store();
     let mut w = TimerWheel::new(10_000, 100);
     w.add_partition(0);
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     let applied = s
         .apply(0, &[put("soon", 5_000, 1), put("late", 60_000, 2)], None)
         .unwrap();
@@ -78,7 +92,7 @@ fn new_jobs_inside_the_horizon_enter_at_once_later_ones_wait() {
     assert_eq!(w.len(), 1);
     assert_eq!(w.next_after_ms(i64::MIN), Some(5_000));
     take(&mut w, 5_000, 10);
-    w.refill(&s, 55_000).unwrap();
+    refill(&mut w, &s, 55_000);
     assert_eq!(w.next_after_ms(i64::MIN), Some(60_000));
 }
 
@@ -108,7 +122,7 @@ fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
         Some(first),
         "nothing mirrored yet"
     );
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     assert!(
         w.add_direct(key(20_000, 2), sj(20_000, 2)).is_some(),
         "beyond the horizon"
@@ -131,7 +145,7 @@ fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
     let seqs = |due: &[(DueKey, StoredJob)]| due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>();
     let first = take(&mut w, 10, 10);
     assert_eq!(seqs(&first), vec![3, 10, 11]);
-    w.refill(&s, 10).unwrap();
+    refill(&mut w, &s, 10);
     let second = take(&mut w, 10, 10);
     assert_eq!(seqs(&second), vec![12, 4]);
     let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
@@ -153,7 +167,7 @@ fn removing_a_partition_drops_its_jobs() {
     let mut w = TimerWheel::new(10_000, 100);
     w.add_partition(0);
     w.add_partition(1);
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     assert_eq!(w.len(), 2);
     w.remove_partition(0);
     assert_eq!(w.len(), 1);
@@ -171,7 +185,7 @@ fn jobs_wait_for_their_partition_to_be_read_up_to_their_run_at() {
     let mut w = TimerWheel::new(10_000, 100);
     w.add_partition(0);
     w.add_partition(1);
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     let until: HashMap<i32, i64> = [(0, 150)].into_iter().collect();
     let due = w.take_due(1_000, 10, &until);
     assert_eq!(due.jobs.len(), 1, "only a: b waits for partition 0, c for 1");
@@ -191,7 +205,7 @@ fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
     s.apply(0, &[put("a", 100, 1)], None).unwrap();
     let mut w = TimerWheel::new(10_000, 100);
     w.add_partition(0);
-    w.refill(&s, 0).unwrap();
+    refill(&mut w, &s, 0);
     let stored = w.entries.values().next().unwrap().job.id;
     w.changing(0, stored);
     let d = sj(50, 7);
@@ -202,4 +216,81 @@ fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
     assert!(take(&mut w, 1_000, 10).is_empty(), "a is being changed");
     w.changed([(0, stored)]);
     assert_eq!(take(&mut w, 1_000, 10).len(), 1);
+}
+
+#[test]
+fn changes_applied_while_the_store_is_read_are_not_lost() {
+    let (_d, s) = store();
+    s.apply(0, &[put("a", 1_000, 1), put("b", 2_000, 2)], None)
+        .unwrap();
+    s.cascade(0, 100_000).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    let read = w.begin_refill(0, 0, 100_000).expect("a read");
+    let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
+    // Meanwhile (window unlocked): b is cancelled, c arrives, both inside
+    // the range just read; d arrives beyond it.
+    let b = got[1].1.job.id;
+    let mut applied = s
+        .apply(0, &[Change::Delete(b), put("c", 3_000, 3)], None)
+        .unwrap();
+    applied.extend(s.apply(0, &[put("d", 50_000, 4)], None).unwrap());
+    w.follow(&applied);
+    assert_eq!(w.len(), 0, "nothing is mirrored yet");
+    assert!(w.finish_refill(read, got));
+    let keys: Vec<String> = take(&mut w, 100_000, 10)
+        .into_iter()
+        .map(|(_, j)| j.job.key_lossy().into_owned())
+        .collect();
+    assert_eq!(keys, ["a", "c"], "b cancelled, c added, d beyond the span");
+}
+
+#[test]
+fn a_refill_of_a_partition_let_go_or_cut_back_meanwhile_is_dropped() {
+    let (_d, s) = store();
+    s.apply(0, &[put("a", 1_000, 1), put("b", 2_000, 2)], None)
+        .unwrap();
+    s.cascade(0, 100_000).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    let read = w.begin_refill(0, 0, 100_000).unwrap();
+    let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
+    w.remove_partition(0);
+    w.add_partition(0);
+    assert!(!w.finish_refill(read, got), "taken again meanwhile");
+    assert_eq!(w.len(), 0);
+    refill(&mut w, &s, 0);
+    assert_eq!(w.len(), 2, "a new refill reads it all");
+
+    // Direct jobs squeeze the latest stored job out, pulling the horizon
+    // back while a refill of the partition is read: that refill is dropped.
+    let mut w = TimerWheel::new(10_000, 4);
+    w.add_partition(0);
+    refill(&mut w, &s, 0);
+    w.follow(&s.apply(0, &[put("e", 5_000, 5)], None).unwrap());
+    assert_eq!(w.len(), 3);
+    let read = w.begin_refill(0, 5_000, 100_000).expect("room for one");
+    let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
+    assert_eq!(w.add_direct(key(500, 9), sj(500, 9)), None);
+    assert_eq!(w.add_direct(key(600, 10), sj(600, 10)), None);
+    assert_eq!(w.len(), 4, "e dropped for room");
+    assert!(!w.finish_refill(read, got), "the horizon moved back meanwhile");
+    assert_eq!(w.len(), 4);
+    refill(&mut w, &s, 5_000);
+    assert_eq!(w.len(), 4, "still full, nothing lost: e waits on disk");
+}
+
+#[test]
+fn the_window_stops_before_the_cascade_point() {
+    let (_d, s) = store();
+    s.cascade(0, 1_000).unwrap();
+    let cascaded_to = s.checkpoint(0).unwrap().cascaded_to;
+    let mut w = TimerWheel::new(i64::MAX / 4, 100);
+    w.add_partition(0);
+    let read = w.begin_refill(0, 0, cascaded_to).unwrap();
+    assert_eq!(
+        read.until_ms,
+        cascaded_to - 1,
+        "jobs at or after it are not in the near range yet"
+    );
 }

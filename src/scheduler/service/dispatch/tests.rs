@@ -8,6 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use super::*;
 use crate::clock::ManualClock;
 use crate::job::Job;
+use crate::scheduler::service::firing::Firing;
 use crate::scheduler::store::Change;
 
 const SPAN_MS: i64 = 60_000;
@@ -24,7 +25,8 @@ fn job(key: &str, run_at_ms: i64, seq: u64) -> Change {
 struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
-    wheel: TimerWheel,
+    wheel: Mutex<TimerWheel>,
+    firing: Firing,
     clock: ManualClock,
 }
 
@@ -41,14 +43,23 @@ fn set_up(jobs: &[(i32, &str, i64)]) -> Setup {
             .unwrap();
     }
     let mut wheel = TimerWheel::new(SPAN_MS, 1000);
-    wheel.add_partition(0);
-    wheel.add_partition(1);
+    for p in [0, 1] {
+        // As on assignment: the cascade point three windows ahead.
+        cascade(&store, p, start + 3 * SPAN_MS);
+        wheel.add_partition(p);
+    }
     Setup {
         _dir: dir,
         store,
-        wheel,
+        wheel: Mutex::new(wheel),
+        firing: Firing::default(),
         clock,
     }
+}
+
+/// What the cascader does.
+fn cascade(store: &Store, p: i32, until: i64) {
+    while store.cascade(p, until).unwrap() < until {}
 }
 
 fn read_to_the_end() -> HashMap<i32, i64> {
@@ -57,9 +68,14 @@ fn read_to_the_end() -> HashMap<i32, i64> {
 
 impl Setup {
     fn round(&mut self, max: usize, until: &HashMap<i32, i64>) -> Round {
-        let r = Round::take(&mut self.wheel, &self.store, &self.clock, max, until).unwrap();
-        self.wheel.fired(&r.due);
+        let r = Round::take(&self.wheel, &self.store, &self.firing, &self.clock, max, until).unwrap();
+        self.wheel.lock().unwrap().fired(&r.due);
+        self.firing.finish([&r.parts]);
         r
+    }
+
+    fn in_memory(&self) -> usize {
+        self.wheel.lock().unwrap().len()
     }
 
     fn keys(r: &Round) -> Vec<String> {
@@ -106,7 +122,7 @@ fn the_window_refills_from_the_store_as_time_moves() {
     let start = s.clock.now().timestamp_millis();
     let r = s.round(100, &read_to_the_end());
     assert!(r.due.is_empty());
-    assert_eq!(s.wheel.len(), 1, "only the job within the span is in memory");
+    assert_eq!(s.in_memory(), 1, "only the job within the span is in memory");
     assert!(r.wake_at.unwrap() <= start + 1_000);
 
     s.advance_ms(1_000);
@@ -116,10 +132,19 @@ fn the_window_refills_from_the_store_as_time_moves() {
     let refill = r.wake_at.expect("a refill is planned");
     assert!(refill <= start + SPAN_MS, "{refill}");
 
+    // An hour later: the cascade point is far behind. The round says so
+    // (the dispatcher then asks the cascader) instead of cascading itself.
     s.clock.set(at(start + 3_600_000 - 1));
     let r = s.round(100, &read_to_the_end());
     assert!(r.due.is_empty());
-    assert_eq!(s.wheel.len(), 1, "refilled: the hour's job is in memory");
+    assert!(r.behind_cascade);
+    assert_eq!(s.in_memory(), 0, "the hour's job is still a far job");
+    cascade(&s.store, 1, start + 3_600_000 + 3 * SPAN_MS);
+    cascade(&s.store, 0, start + 3_600_000 + 3 * SPAN_MS);
+    let r = s.round(100, &read_to_the_end());
+    assert!(!r.behind_cascade);
+    assert!(r.due.is_empty());
+    assert_eq!(s.in_memory(), 1, "refilled: the hour's job is in memory");
     assert_eq!(r.wake_at, Some(start + 3_600_000));
     s.advance_ms(1);
     assert_eq!(Setup::keys(&s.round(100, &read_to_the_end())), ["in-an-hour"]);
