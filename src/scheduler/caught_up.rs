@@ -51,6 +51,15 @@ struct Part {
     wanted_ms: Option<i64>,
 }
 
+/// How far ingest has read a partition ([`CaughtUp::progress`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// The next offset ingest reads.
+    pub read_to: i64,
+    /// The end offset of the newest probe not reached yet.
+    pub probed_end: Option<i64>,
+}
+
 /// Per owned schedule partition, how far it has been read (see the module doc).
 #[derive(Debug)]
 pub struct CaughtUp {
@@ -189,10 +198,11 @@ impl CaughtUp {
 
     /// Where ingest stands in `partition` and the end of its newest probe
     /// not yet reached, for logs.
-    pub fn progress(&self, partition: i32) -> Option<(i64, Option<i64>)> {
-        self.parts
-            .get(&partition)
-            .map(|p| (p.next, p.answered.back().map(|q| q.end)))
+    pub fn progress(&self, partition: i32) -> Option<Progress> {
+        self.parts.get(&partition).map(|p| Progress {
+            read_to: p.next,
+            probed_end: p.answered.back().map(|q| q.end),
+        })
     }
 }
 

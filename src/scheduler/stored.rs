@@ -26,6 +26,17 @@ pub struct StoredJob {
 #[error("stored job is corrupt: {0}")]
 pub struct CorruptJob(pub &'static str);
 
+/// What [`StoredJob::peek`] reads of encoded bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peeked {
+    /// The job's id.
+    pub id: JobId,
+    /// Its arrival order in its partition.
+    pub seq: u64,
+    /// Its run-at, in ms since the epoch.
+    pub run_at_ms: i64,
+}
+
 impl StoredJob {
     /// Encode to bytes.
     pub fn encode(&self) -> Vec<u8> {
@@ -50,16 +61,20 @@ impl StoredJob {
         out
     }
 
-    /// The id, seq and run-at (ms) of encoded bytes, without decoding the
-    /// rest (`None` when the bytes are not a job of this format).
-    pub fn peek(bytes: &[u8]) -> Option<(JobId, u64, i64)> {
+    /// The id, seq and run-at of encoded bytes, without decoding the rest
+    /// (`None` when the bytes are not a job of this format).
+    pub fn peek(bytes: &[u8]) -> Option<Peeked> {
         if bytes.first() != Some(&FORMAT) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
         let seq = u64::from_be_bytes(bytes.get(17..25)?.try_into().ok()?);
         let run_at_ms = i64::from_be_bytes(bytes.get(25..33)?.try_into().ok()?);
-        Some((JobId::from_bytes(id), seq, run_at_ms))
+        Some(Peeked {
+            id: JobId::from_bytes(id),
+            seq,
+            run_at_ms,
+        })
     }
 
     /// Decode bytes written by [`StoredJob::encode`].
@@ -185,7 +200,12 @@ mod tests {
     fn peeks_id_seq_and_run_at_without_decoding() {
         let s = sample();
         let run_at = s.job.run_at.timestamp_millis();
-        assert_eq!(StoredJob::peek(&s.encode()), Some((s.job.id, s.seq, run_at)));
+        let want = Peeked {
+            id: s.job.id,
+            seq: s.seq,
+            run_at_ms: run_at,
+        };
+        assert_eq!(StoredJob::peek(&s.encode()), Some(want));
         assert_eq!(StoredJob::peek(&[]), None);
         assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();

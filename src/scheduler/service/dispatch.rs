@@ -201,7 +201,9 @@ impl Holding {
         if logged.unwrap_or(*since).elapsed() >= HELD_WARNING {
             *logged = Some(Instant::now());
             for (p, due_ms) in held {
-                let (read_to, end) = gate.progress(*p).unwrap_or((-1, None));
+                let (read_to, end) = gate
+                    .progress(*p)
+                    .map_or((-1, None), |g| (g.read_to, g.probed_end));
                 warn!(partition = p, held_for = ?since.elapsed(), latest_held_late_ms = now_ms - due_ms,
                     read_to, end = ?end, "due jobs held: the schedule partition is not read up to their run-at yet (a cancel written before then would be missed)");
             }

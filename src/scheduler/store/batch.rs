@@ -91,8 +91,7 @@ impl<'a> View<'a> {
         for b in candidate_buckets(h.run_at_ms, self.cp.cascaded_to) {
             for item in self.store.tree.scan_prefix(b_prefix(p, b)) {
                 let (k, v) = item?;
-                let (lo, hi) = chunk_seq_range(entry_header(&v))?;
-                if h.seq < lo || h.seq > hi {
+                if !chunk_seq_range(entry_header(&v))?.contains(&h.seq) {
                     continue;
                 }
                 let jobs = load_jobs(&self.store.log, &v)?;

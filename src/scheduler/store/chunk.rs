@@ -74,13 +74,12 @@ pub(super) fn encode_chunk(out: &mut Vec<u8>, jobs: &[Raw]) {
     }
 }
 
-/// The seq range a chunk holds, from its header.
-pub(super) fn chunk_seq_range(v: &[u8]) -> Result<(u64, u64), CorruptJob> {
+/// The seqs a chunk holds lie in this range, from its header.
+pub(super) fn chunk_seq_range(v: &[u8]) -> Result<std::ops::RangeInclusive<u64>, CorruptJob> {
     let h = v.get(..20).ok_or(CorruptJob("chunk header"))?;
-    Ok((
-        u64::from_be_bytes(h[4..12].try_into().expect("8 bytes")),
-        u64::from_be_bytes(h[12..20].try_into().expect("8 bytes")),
-    ))
+    let lo = u64::from_be_bytes(h[4..12].try_into().expect("8 bytes"));
+    let hi = u64::from_be_bytes(h[12..20].try_into().expect("8 bytes"));
+    Ok(lo..=hi)
 }
 
 /// The jobs of a chunk, not decoded.
@@ -94,7 +93,8 @@ pub(super) fn chunk_jobs(v: &sled::IVec) -> Result<Vec<Raw>, CorruptJob> {
         let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
         at += 4;
         let b = v.get(at..at + len).ok_or(CorruptJob("chunk job"))?;
-        let (id, seq, run_at_ms) = StoredJob::peek(b).ok_or(CorruptJob("chunk job"))?;
+        let crate::scheduler::stored::Peeked { id, seq, run_at_ms } =
+            StoredJob::peek(b).ok_or(CorruptJob("chunk job"))?;
         out.push(Raw {
             run_at_ms,
             seq,

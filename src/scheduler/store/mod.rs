@@ -224,8 +224,8 @@ impl Store {
         let mut live = HashMap::default();
         for item in tree.scan_prefix([value_log::LIVE_KIND]) {
             let (k, v) = item?;
-            let (segment, bytes) = value_log::decode_live(&k, &v)?;
-            live.insert(segment, bytes);
+            let c = value_log::decode_live(&k, &v)?;
+            live.insert(c.segment, c.bytes);
         }
         let log = ValueLog::open(&dir.join("values"), live)?;
         Ok(Store {
@@ -420,6 +420,6 @@ impl Store {
 
     /// Bytes the store takes on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()? + self.log.usage().0)
+        Ok(self.db.size_on_disk()? + self.log.usage().written)
     }
 }

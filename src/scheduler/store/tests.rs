@@ -446,7 +446,7 @@ fn value_log_segments_are_deleted_compacted_and_checked() {
     }
     s.flush().unwrap();
     s.check_log();
-    let (written, live) = s.log.usage();
+    let value_log::Usage { written, live } = s.log.usage();
     assert!(
         s.log.segments().len() <= 3 && written < 4 * live.max(16 << 10),
         "{:?} segments, {written} bytes written for {live} live",

@@ -360,9 +360,12 @@ impl ValueLog {
     }
 
     /// Bytes on disk and live bytes, over all segments.
-    pub fn usage(&self) -> (u64, u64) {
+    pub fn usage(&self) -> Usage {
         let st = self.lock();
-        (st.written.values().sum(), st.live.values().sum())
+        Usage {
+            written: st.written.values().sum(),
+            live: st.live.values().sum(),
+        }
     }
 }
 
@@ -378,14 +381,32 @@ pub fn live_key(segment: u32) -> [u8; 5] {
     k
 }
 
+/// The value log's size, over all segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes on disk.
+    pub written: u64,
+    /// Bytes still named by the store.
+    pub live: u64,
+}
+
+/// A segment's live-byte count, as kept in sled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveCount {
+    /// The segment.
+    pub segment: u32,
+    /// Its bytes still named by the store.
+    pub bytes: u64,
+}
+
 /// Read a live-byte count entry.
-pub fn decode_live(k: &[u8], v: &[u8]) -> Result<(u32, u64), CorruptJob> {
+pub fn decode_live(k: &[u8], v: &[u8]) -> Result<LiveCount, CorruptJob> {
     let id = k.get(1..5).ok_or(CorruptJob("live count key"))?;
     let n: [u8; 8] = v.try_into().map_err(|_| CorruptJob("live count"))?;
-    Ok((
-        u32::from_be_bytes(id.try_into().expect("4 bytes")),
-        u64::from_be_bytes(n),
-    ))
+    Ok(LiveCount {
+        segment: u32::from_be_bytes(id.try_into().expect("4 bytes")),
+        bytes: u64::from_be_bytes(n),
+    })
 }
 
 /// Chunks added and dropped by one store batch, built without any lock

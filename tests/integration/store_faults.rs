@@ -6,14 +6,12 @@
 //! limit every write fails with EFBIG, as on a full disk. A scheduler
 //! restarted on the same store without the limit must then hold every job.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::common::system::enqueue_all;
+use crate::common::{record_count, wait_for, Broker};
 use chrono::Utc;
-use common::system::enqueue_all;
-use common::{record_count, wait_for, Broker};
 use kairos::scheduler::Scheduler;
 use kairos::{Job, Producer};
 
@@ -21,7 +19,7 @@ use kairos::{Job, Producer};
 async fn a_store_that_cannot_write_stops_the_scheduler_without_losing_jobs() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::system::config(&broker, dir.path());
+    let mut cfg = crate::common::system::config(&broker, dir.path());
     // Small batches, so that some are persisted and committed before the limit hits.
     cfg.scheduler.ingest_batch = 100;
     kairos::topics::init(&cfg).await.unwrap();
@@ -61,7 +59,8 @@ async fn a_store_that_cannot_write_stops_the_scheduler_without_losing_jobs() {
         stderr.contains("scheduler store") && stderr.contains("File too large"),
         "the error names the store and the cause: {stderr}"
     );
-    let committed = common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule);
+    let committed =
+        crate::common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule);
     assert!(
         committed > 0 && committed < written,
         "some batches were persisted and committed, not all ({committed} of {written})"

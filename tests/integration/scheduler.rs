@@ -4,15 +4,13 @@
 //! and firing loses no job; a partition moving between two instances loses
 //! nothing.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::common::system::enqueue_all;
+use crate::common::{header, read_n, read_up_to, record_count, wait_for, Broker};
 use chrono::{TimeZone, Utc};
-use common::system::enqueue_all;
-use common::{header, read_n, read_up_to, record_count, wait_for, Broker};
 use kairos::scheduler::Scheduler;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Config, Job, JobId, Producer};
@@ -63,7 +61,7 @@ impl Running {
 async fn started() -> (Broker, tempfile::TempDir, Config, Running) {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = common::system::config(&broker, dir.path());
+    let cfg = crate::common::system::config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let running = start(&cfg);
     wait_owned(&running, 3);
@@ -122,7 +120,7 @@ async fn jobs_fire_no_earlier_than_run_at_and_in_run_at_order() {
     running.stop().await;
     // Everything ingested is committed, and not one record further.
     assert_eq!(
-        common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
+        crate::common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
         record_count(&cfg.kafka.brokers, &cfg.topics.schedule)
     );
 }
@@ -280,7 +278,8 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
     let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
     assert_eq!(written, 202);
     wait_for("the schedule topic to be committed to its end", T, || {
-        (common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule) == written)
+        (crate::common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule)
+            == written)
             .then_some(())
     });
     assert_eq!(running.handle.stats().pending, 0, "the replaced job is gone");
@@ -397,7 +396,7 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
 async fn a_partition_moving_between_two_instances_loses_nothing() {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg_a = common::system::config(&broker, &dir.path().join("a"));
+    let cfg_a = crate::common::system::config(&broker, &dir.path().join("a"));
     kairos::topics::init(&cfg_a).await.unwrap();
     let mut cfg_b = cfg_a.clone();
     cfg_b.scheduler.data_dir = dir.path().join("b");
@@ -484,7 +483,7 @@ struct SetUp {
 async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = common::system::config(&broker, &dir.path().join("a"));
+    let mut cfg = crate::common::system::config(&broker, &dir.path().join("a"));
     tune(&mut cfg);
     kairos::topics::init(&cfg).await.unwrap();
     SetUp {
@@ -533,7 +532,8 @@ async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
     enqueue_all(&producer, jobs).await;
     let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
     wait_for("the jobs to be stored and committed", T, || {
-        (common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule) == written)
+        (crate::common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule)
+            == written)
             .then_some(())
     });
     match down {
@@ -719,7 +719,7 @@ async fn records_read_again_after_a_kill_do_not_fire_again(fresh_store: bool) {
     });
     let written = record_count(&cfg.kafka.brokers, &cfg.topics.schedule);
     assert_eq!(
-        common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
+        crate::common::committed(&cfg.kafka.brokers, &cfg.scheduler.group_id, &cfg.topics.schedule),
         0,
         "nothing committed yet"
     );

@@ -3,12 +3,10 @@
 //! documented headers decode to identical jobs; malformed records give the
 //! right typed errors; `topics init` is safe to run twice.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{read_exactly, Broker};
 use chrono::{TimeZone, Utc};
-use common::{read_exactly, Broker};
 use kairos::clock::ManualClock;
 use kairos::topics::{self, TopicOutcome};
 use kairos::wire::{self, Command, Context, DecodeError, HeaderProblem, Limits, RecordView};
@@ -393,8 +391,11 @@ async fn the_producer_refuses_jobs_a_consumer_would_dead_letter() {
         "{err}"
     );
     assert!(err.is_permanent());
-    assert_eq!(common::record_count(&cfg.kafka.brokers, &work), 0);
-    assert_eq!(common::record_count(&cfg.kafka.brokers, &cfg.topics.schedule), 0);
+    assert_eq!(crate::common::record_count(&cfg.kafka.brokers, &work), 0);
+    assert_eq!(
+        crate::common::record_count(&cfg.kafka.brokers, &cfg.topics.schedule),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

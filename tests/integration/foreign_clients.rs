@@ -3,15 +3,13 @@
 //! Rust worker; a malformed one is dead-lettered and a Python consumer reads
 //! the dead letter with its reason.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::common::system::{config, run};
+use crate::common::{wait_for, Broker};
 use chrono::Utc;
-use common::system::{config, run};
-use common::{wait_for, Broker};
 use kairos::worker::Outcome;
 use kairos::Job;
 
@@ -38,7 +36,7 @@ async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let runs: common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
+    let runs: crate::common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
     let r = runs.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let r = r.clone();

@@ -4,14 +4,12 @@
 //! dead-letter topic with its reason; nothing crashes; the good job written
 //! after them on the same partition still runs.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::system::{config, run};
-use common::{header, read_n, wait_for, Broker};
+use crate::common::system::{config, run};
+use crate::common::{header, read_n, wait_for, Broker};
 use kairos::worker::Outcome;
 use kairos::Job;
 use rdkafka::message::{Header, OwnedHeaders};

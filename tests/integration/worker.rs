@@ -4,15 +4,13 @@
 //! and malformed records do not stop the worker; a job read before its run-at
 //! goes back to the scheduler.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::system::{config, enqueue_all, run};
+use crate::common::{header, read_n, wait_for, Broker};
 use chrono::Utc;
-use common::system::{config, enqueue_all, run};
-use common::{header, read_n, wait_for, Broker};
 use kairos::worker::Outcome;
 use kairos::{Job, Producer};
 
@@ -96,7 +94,7 @@ async fn same_key_jobs_never_overlap_and_keep_order_while_keys_run_in_parallel()
     });
     sys.stop().await;
     assert_eq!(
-        common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
+        crate::common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
         200
     );
 }
@@ -108,7 +106,7 @@ async fn retries_back_off_through_the_scheduler_and_end_in_the_dead_letter_topic
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let attempts: common::Recorded<(u32, Instant, Option<String>)> = Default::default();
+    let attempts: crate::common::Recorded<(u32, Instant, Option<String>)> = Default::default();
     let a = attempts.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let a = a.clone();
@@ -154,7 +152,8 @@ async fn follow_ups_run_at_their_run_at() {
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let seen: common::Recorded<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();
+    let seen: crate::common::Recorded<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)> =
+        Default::default();
     let s = seen.clone();
     let w = work.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
@@ -268,7 +267,7 @@ async fn a_panicking_handler_and_malformed_records_do_not_stop_the_worker() {
     });
     sys.stop().await;
     assert_eq!(
-        common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
+        crate::common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
         4
     );
 }
@@ -281,7 +280,7 @@ async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
     let cfg = config(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let ran: common::Recorded<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();
+    let ran: crate::common::Recorded<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();
     let r = ran.clone();
     let sys = run(&cfg, true, move |job: Job, _ctx| {
         let r = r.clone();
@@ -329,7 +328,7 @@ async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     // Worker A hangs on the job for 12 s and ignores its cancellation token.
-    let a_runs: common::Recorded<(kairos::JobId, Instant, Instant)> = Default::default();
+    let a_runs: crate::common::Recorded<(kairos::JobId, Instant, Instant)> = Default::default();
     let a = a_runs.clone();
     let sys_a = run(&cfg, false, move |job: Job, _ctx| {
         let a = a.clone();
@@ -357,7 +356,7 @@ async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its
         "release waited {took:?}, past the 1 s deadline"
     );
     // B takes over and runs the job again: it was never finished, so never committed.
-    let b_runs: common::Recorded<(kairos::JobId, Instant)> = Default::default();
+    let b_runs: crate::common::Recorded<(kairos::JobId, Instant)> = Default::default();
     let b = b_runs.clone();
     let sys_b = run(&cfg, false, move |job: Job, _ctx| {
         let b = b.clone();

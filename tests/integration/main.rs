@@ -1,0 +1,14 @@
+//! The integration tests, one binary (one link): each test starts its own
+//! broker process (nisshi, see `common`), so tests run in parallel; the
+//! crash suites (`tests/crash.rs`, `tests/worker_processes.rs`) stay
+//! binaries of their own, run one after the other.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod contract;
+mod foreign_clients;
+mod scheduler;
+mod store_faults;
+mod worker;
