@@ -114,6 +114,11 @@ pub fn log_commit(
     match result {
         Ok(()) => tracing::trace!(consumer = who, "offsets committed"),
         Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        // The group is completing a rebalance: the next commit after it
+        // carries the same offsets.
+        Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::RebalanceInProgress)) => {
+            tracing::debug!(consumer = who, "offset commit deferred: the group is rebalancing")
+        }
         Err(e) => {
             let wanted: Vec<(i32, i64)> = offsets
                 .elements()

@@ -31,6 +31,7 @@ use common::{free_port, read_up_to, record_count, wait_for, Broker, Storage};
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Job, JobId, Producer};
 use rand::{Rng, SeedableRng};
+use rdkafka::message::Headers as _;
 use rdkafka::Message as _;
 use std::future::IntoFuture;
 
@@ -89,13 +90,15 @@ impl Proc {
 
 /// The processes' logs: deleted when the suite passes, kept (and their
 /// place printed) when it fails.
-struct Logs(Option<tempfile::TempDir>);
+/// A directory kept when the test fails (or with `KAIROS_KEEP_LOGS` set):
+/// the process logs, or the stores and the broker's data.
+struct Logs(Option<tempfile::TempDir>, &'static str);
 
 impl Drop for Logs {
     fn drop(&mut self) {
         if std::thread::panicking() || std::env::var_os("KAIROS_KEEP_LOGS").is_some() {
             if let Some(dir) = self.0.take() {
-                eprintln!("process logs kept in {}", dir.keep().display());
+                eprintln!("{} kept in {}", self.1, dir.keep().display());
             }
         }
     }
@@ -155,10 +158,11 @@ fn report_stall(
     evs: &[events::Event],
     fails: &HashMap<JobId, u32>,
     deaths: &HashMap<u32, u128>,
-    brokers: &str,
-    work: &str,
+    cfg: &kairos::Config,
     run_at: &HashMap<JobId, i64>,
 ) {
+    let brokers = cfg.kafka.brokers.as_str();
+    let work = cfg.topics.work[0].as_str();
     let ok = succeeded(evs, fails);
     let missing: Vec<JobId> = fails.keys().filter(|id| !ok.contains(id)).copied().collect();
     eprintln!("stalled: {} of {} jobs succeeded", ok.len(), fails.len());
@@ -172,7 +176,44 @@ fn report_stall(
             m.timestamp().to_millis()
         ));
     }
+    // Where else the missing jobs left a trace: their schedule records,
+    // changelog records (put or tombstone) and dead letters.
+    let wanted: std::collections::HashSet<JobId> = missing.iter().take(10).copied().collect();
+    let mut traces: HashMap<JobId, Vec<String>> = HashMap::new();
+    let t = &cfg.topics;
+    for topic in [&t.schedule, &t.changelog, &t.dead_letter] {
+        let n = record_count(brokers, topic) as usize;
+        for m in read_up_to(brokers, topic, n, Duration::from_secs(60)) {
+            let id = if topic == &t.changelog {
+                m.key()
+                    .and_then(|k| <[u8; 16]>::try_from(k).ok())
+                    .map(JobId::from_bytes)
+            } else {
+                m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == wire::header::ID)
+                        .and_then(|h| h.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse().ok())
+                })
+            };
+            if let Some(id) = id.filter(|id| wanted.contains(id)) {
+                let what = if m.payload().is_none() {
+                    "tombstone"
+                } else {
+                    "record"
+                };
+                traces.entry(id).or_default().push(format!(
+                    "{topic} p{}@{} {what} ts {:?}",
+                    m.partition(),
+                    m.offset(),
+                    m.timestamp().to_millis()
+                ));
+            }
+        }
+    }
     for id in missing.iter().take(10) {
+        eprintln!("  traces of {id}: {:?}", traces.get(id));
         let runs: Vec<String> = evs
             .iter()
             .filter(|e| e.id == *id)
@@ -217,7 +258,8 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
-    let dir = tempfile::tempdir().unwrap();
+    let data = Logs(Some(tempfile::tempdir().unwrap()), "stores and broker data");
+    let dir = data.0.as_ref().expect("data dir");
     let storage = Storage::Sqlite(dir.path().join("broker"));
     let port = free_port();
     let mut broker = Some(Broker::start_with(storage.clone(), port));
@@ -231,12 +273,15 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
     let events = dir.path().join("events.log");
     let conf = config_path.to_str().unwrap().to_string();
-    let logs = Logs(Some(
-        tempfile::Builder::new()
-            .prefix("kairos-crash-logs")
-            .tempdir()
-            .unwrap(),
-    ));
+    let logs = Logs(
+        Some(
+            tempfile::Builder::new()
+                .prefix("kairos-crash-logs")
+                .tempdir()
+                .unwrap(),
+        ),
+        "process logs",
+    );
     let logs_dir = logs.0.as_ref().unwrap().path().to_path_buf();
 
     let scheduler = |i: usize| {
@@ -367,7 +412,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
             break evs;
         }
         if std::time::Instant::now() > deadline {
-            report_stall(&evs, &fails, &deaths, &cfg.kafka.brokers, &work, &run_at);
+            report_stall(&evs, &fails, &deaths, &cfg, &run_at);
             panic!("timed out after 300 s waiting for every job to succeed and every run to end");
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -476,12 +521,15 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("kairos.toml");
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
-    let logs = Logs(Some(
-        tempfile::Builder::new()
-            .prefix("kairos-crash-logs")
-            .tempdir()
-            .unwrap(),
-    ));
+    let logs = Logs(
+        Some(
+            tempfile::Builder::new()
+                .prefix("kairos-crash-logs")
+                .tempdir()
+                .unwrap(),
+        ),
+        "process logs",
+    );
     let mut scheduler = Proc::spawn(
         vec![
             "--config".into(),

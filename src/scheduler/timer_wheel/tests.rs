@@ -218,14 +218,21 @@ fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
     assert_eq!(take(&mut w, 1_000, 10).len(), 1);
 }
 
-#[test]
-fn changes_applied_while_the_store_is_read_are_not_lost() {
-    let (_d, s) = store();
+/// Jobs a (1 s) and b (2 s) stored in partition 0, cascaded past them, and
+/// a window of 10 s owning the partition, not refilled yet.
+fn a_and_b_stored() -> (tempfile::TempDir, Store, TimerWheel) {
+    let (d, s) = store();
     s.apply(0, &[put("a", 1_000, 1), put("b", 2_000, 2)], None)
         .unwrap();
     s.cascade(0, 100_000).unwrap();
     let mut w = TimerWheel::new(10_000, 100);
     w.add_partition(0);
+    (d, s, w)
+}
+
+#[test]
+fn changes_applied_while_the_store_is_read_are_not_lost() {
+    let (_d, s, mut w) = a_and_b_stored();
     let read = w.begin_refill(0, 0, 100_000).expect("a read");
     let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
     // Meanwhile (window unlocked): b is cancelled, c arrives, both inside
@@ -247,12 +254,7 @@ fn changes_applied_while_the_store_is_read_are_not_lost() {
 
 #[test]
 fn a_refill_of_a_partition_let_go_or_cut_back_meanwhile_is_dropped() {
-    let (_d, s) = store();
-    s.apply(0, &[put("a", 1_000, 1), put("b", 2_000, 2)], None)
-        .unwrap();
-    s.cascade(0, 100_000).unwrap();
-    let mut w = TimerWheel::new(10_000, 100);
-    w.add_partition(0);
+    let (_d, s, mut w) = a_and_b_stored();
     let read = w.begin_refill(0, 0, 100_000).unwrap();
     let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
     w.remove_partition(0);

@@ -130,8 +130,9 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     let topics: Vec<&str> = shared.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
+    let mut commits = Commits::default();
     while !shared.stop.is_cancelled() {
-        store_offsets(shared, &consumer);
+        store_offsets(shared, &consumer, &mut commits);
         // Back-pressure: with the buffer full, stop reading until it has
         // drained to three quarters (reading again after every finished job
         // would wake this thread once per job). Pausing the partitions
@@ -151,6 +152,16 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
                         break;
                     }
                     st = shared.wait_finished(st, left);
+                    // Commit points move while the buffer drains: store them
+                    // now, not after the wait (a worker kept busy would
+                    // otherwise store offsets about once a second, and a
+                    // kill would re-run a second of work instead of the
+                    // commit interval's).
+                    if !st.to_store.is_empty() {
+                        drop(st);
+                        store_offsets(shared, &consumer, &mut commits);
+                        st = shared.state();
+                    }
                 }
                 if st.table.buffered() >= max_buffered {
                     polled_at_most = Duration::ZERO;
@@ -190,12 +201,46 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     Ok(())
 }
 
-pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+/// Store the commit points that moved, and commit them at most every
+/// [`COMMIT_EVERY`].
+///
+/// librdkafka's own auto-commit (also on) skips every round while the group
+/// rebalances, and a rebalance after a member died lasts until the dead
+/// member's session expires: seconds in which no member's offsets moved, so
+/// a second kill re-ran all that work. Kafka accepts a commit from a member
+/// of the current generation while the group prepares a rebalance, so the
+/// worker commits what it stored itself.
+pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
     let pending: Vec<(Tp, i64)> = shared.state().to_store.drain().collect();
     for (tp, offset) in pending {
         // librdkafka commits one past the stored offset.
-        if let Err(e) = consumer.store_offset(&shared.topics[tp.0], tp.1, offset - 1) {
-            debug!(error = %e, partition = tp.1, "offset not stored (partition gone)");
+        match consumer.store_offset(&shared.topics[tp.0], tp.1, offset - 1) {
+            Ok(()) => commits.stored = true,
+            Err(e) => debug!(error = %e, partition = tp.1, "offset not stored (partition gone)"),
+        }
+    }
+    if commits.stored && commits.last.elapsed() >= COMMIT_EVERY {
+        commits.stored = false;
+        commits.last = Instant::now();
+        // The result goes to the commit callback.
+        let _ = consumer.commit_consumer_state(CommitMode::Async);
+    }
+}
+
+/// How often the worker commits the offsets it stored.
+pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
+
+/// Whether offsets were stored since the last commit, and when that was.
+pub(super) struct Commits {
+    stored: bool,
+    last: Instant,
+}
+
+impl Default for Commits {
+    fn default() -> Self {
+        Commits {
+            stored: false,
+            last: Instant::now(),
         }
     }
 }
