@@ -805,49 +805,6 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
     again.stop().await;
 }
 
-/// A store whose changelog checkpoint lies beyond the changelog's end (the
-/// broker lost records it had acknowledged, or the topic was made again)
-/// rebuilds the partition from the changelog: trusting its copy, it missed
-/// the cancel written elsewhere and the cancelled job fired.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_ahead_of_its_changelog_rebuilds_from_it() {
-    let (setup, clock, base, cancelled) =
-        stored_then_cancelled_elsewhere(chrono::Duration::seconds(100)).await;
-    let SetUp {
-        _broker,
-        cfg,
-        work,
-        producer,
-        ..
-    } = &setup;
-    // The first instance's store believes it read the changelog further
-    // than it goes (its instance is stopped: the store is free to open).
-    {
-        let store = kairos::scheduler::store::Store::open(&cfg.scheduler.data_dir, 1 << 20).unwrap();
-        let end = store.checkpoint(0).unwrap().changelog_next + 1_000;
-        store.apply(0, &[], Some(end)).unwrap();
-        store.flush().unwrap();
-    }
-    let control = Job::new(work.as_str(), "key-2", b"y".to_vec()).at(base + chrono::Duration::seconds(101));
-    enqueue_all(producer, vec![control.clone()]).await;
-    clock.set(base + chrono::Duration::seconds(200));
-    let again = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
-    wait_for("the control to fire and nothing to be left", T, || {
-        let st = again.handle.stats();
-        (st.fired >= 1 && st.pending == 0 && st.in_memory == 0).then_some(())
-    });
-    let n = record_count(&cfg.kafka.brokers, work) as usize;
-    let fired = read_n(&cfg.kafka.brokers, work, n, T);
-    let ids: Vec<JobId> = fired.iter().map(|m| job_of(m).id).collect();
-    assert_eq!(
-        ids,
-        vec![control.id],
-        "only the control fires, not {}",
-        cancelled.id
-    );
-    again.stop().await;
-}
-
 /// A store away longer than the changelog keeps tombstones (half of its
 /// `delete.retention.ms`, a day from `topics init`, to spare) rebuilds its
 /// partitions from the changelog instead of trusting its copy: compaction
