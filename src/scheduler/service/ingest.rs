@@ -164,7 +164,7 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
         }
     }
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
-        fired = st.fired, dead_lettered = st.dead_lettered, lag, "scheduler status");
+        fired = st.fired, skipped = st.skipped, dead_lettered = st.dead_lettered, lag, "scheduler status");
 }
 
 /// A batch of schedule records, read and decoded, on its way to be applied.

@@ -120,6 +120,8 @@ impl ConsumerContext for Ctx {
                         partition = p,
                         changelog_records = records,
                         pending,
+                        reading_from = next.max(skip_below),
+                        handled_below = skip_below,
                         "schedule partition assigned"
                     );
                     self.shared.wheel().add_partition(*p);
