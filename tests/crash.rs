@@ -94,6 +94,17 @@ impl Proc {
 /// the process logs, or the stores and the broker's data.
 struct Logs(Option<tempfile::TempDir>, &'static str);
 
+impl Logs {
+    /// A fresh directory for the processes' logs.
+    fn process_logs() -> Logs {
+        let dir = tempfile::Builder::new()
+            .prefix("kairos-crash-logs")
+            .tempdir()
+            .unwrap();
+        Logs(Some(dir), "process logs")
+    }
+}
+
 impl Drop for Logs {
     fn drop(&mut self) {
         if std::thread::panicking() || std::env::var_os("KAIROS_KEEP_LOGS").is_some() {
@@ -273,15 +284,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
     let events = dir.path().join("events.log");
     let conf = config_path.to_str().unwrap().to_string();
-    let logs = Logs(
-        Some(
-            tempfile::Builder::new()
-                .prefix("kairos-crash-logs")
-                .tempdir()
-                .unwrap(),
-        ),
-        "process logs",
-    );
+    let logs = Logs::process_logs();
     let logs_dir = logs.0.as_ref().unwrap().path().to_path_buf();
 
     let scheduler = |i: usize| {
@@ -521,15 +524,7 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("kairos.toml");
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
-    let logs = Logs(
-        Some(
-            tempfile::Builder::new()
-                .prefix("kairos-crash-logs")
-                .tempdir()
-                .unwrap(),
-        ),
-        "process logs",
-    );
+    let logs = Logs::process_logs();
     let mut scheduler = Proc::spawn(
         vec![
             "--config".into(),
