@@ -16,7 +16,10 @@
 //!
 //! A second test kills one scheduler again and again with the shipped
 //! configuration and checks that jobs keep firing on time. The processes'
-//! logs are kept (their directory is printed) when a test fails.
+//! logs are kept (their directory is printed) when a test fails;
+//! `KAIROS_CRASH_LOG` sets their filter (default `info`; e.g.
+//! `info,kairos::scheduler=debug` logs each job scheduled and fired and
+//! each partition's handled frontier).
 
 mod common;
 
@@ -51,7 +54,10 @@ impl Proc {
         let child = Command::new(env!("CARGO_BIN_EXE_kairos"))
             .args(&args)
             .envs(env.iter().cloned())
-            .env("KAIROS_LOG", "info")
+            .env(
+                "KAIROS_LOG",
+                std::env::var("KAIROS_CRASH_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log.reopen().expect("log file"))

@@ -58,6 +58,32 @@ pub fn schedule_next_record(topic: &str, next: i64) -> OwnedRecord {
     }
 }
 
+/// How far each partition's changelog was written: records were sent to
+/// `partitions` (in this order) and `acks` are their acknowledgements (each
+/// the record's offset, in the same order). Returns, per partition, the
+/// offset after its last acknowledged record, and the failed writes with
+/// their index. Each acknowledgement counts for the partition its record
+/// was sent to, never for another.
+pub fn written_up_to<E>(
+    partitions: &[i32],
+    acks: impl IntoIterator<Item = Result<i64, E>>,
+) -> (HashMap<i32, i64>, Vec<(usize, E)>) {
+    let mut next: HashMap<i32, i64> = HashMap::new();
+    let mut failed = Vec::new();
+    let mut acks = acks.into_iter();
+    for (i, p) in partitions.iter().enumerate() {
+        match acks.next() {
+            Some(Ok(offset)) => {
+                let e = next.entry(*p).or_insert(0);
+                *e = (*e).max(offset + 1);
+            }
+            Some(Err(e)) => failed.push((i, e)),
+            None => break,
+        }
+    }
+    (next, failed)
+}
+
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
@@ -134,9 +160,9 @@ pub fn catch_up(
         // it holds came with one), so it has nothing to distrust.
         if checkpoint > high {
             // The broker acknowledged records up to the checkpoint to this
-            // store, or answered a higher end before: either it lost
-            // records, or its end offset is behind (seen with the test
-            // broker). Kept as it is; said, so that it can be traced.
+            // store, so it lost acknowledged records since (outside what
+            // Kairos promises: acks=all on a broker that keeps them). The
+            // store is the better copy: kept as it is, and said.
             warn!(
                 partition = p,
                 checkpoint,
@@ -305,6 +331,21 @@ impl Replayed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_acknowledgement_counts_for_its_own_partition() {
+        // Partition 0 wrote 10 and 11, partition 1 wrote 5 and failed one,
+        // partition 2 wrote 700: no partition's end takes another's offset
+        // (a skew here once set a store's checkpoint past records it had
+        // never applied, and a catch-up from there skipped them).
+        let parts = [0, 0, 1, 1, 2];
+        let acks = vec![Ok(10), Ok(11), Ok(5), Err("timed out"), Ok(700)];
+        let (next, failed) = written_up_to(&parts, acks);
+        assert_eq!(next, HashMap::from([(0, 12), (1, 6), (2, 701)]));
+        assert_eq!(failed, vec![(3, "timed out")]);
+        let (next, failed) = written_up_to::<()>(&[], Vec::new());
+        assert!(next.is_empty() && failed.is_empty());
+    }
 
     #[test]
     fn a_store_is_distrusted_after_half_the_tombstone_retention() {

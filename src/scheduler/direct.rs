@@ -75,6 +75,22 @@ impl DirectOffsets {
             .fold(last.max(self.ingested) + 1, i64::min)
     }
 
+    /// [`first_unhandled`](Self::first_unhandled) for a partition that may
+    /// have no entry yet (`None`: no direct job held, as right after its
+    /// assignment): the batch's own direct jobs at `holding` still hold the
+    /// frontier back, or a new owner would skip them unfired.
+    pub fn first_unhandled_of(
+        d: Option<&DirectOffsets>,
+        last: i64,
+        holding: impl IntoIterator<Item = i64>,
+        releasing: &[i64],
+    ) -> i64 {
+        match d {
+            Some(d) => d.first_unhandled(last, holding, releasing),
+            None => DirectOffsets::default().first_unhandled(last, holding, releasing),
+        }
+    }
+
     /// The offset to store for commit, if it moved since the last call.
     pub fn offset_to_store(&mut self) -> Option<i64> {
         let safe = self.safe();
@@ -127,6 +143,18 @@ mod tests {
         assert_eq!(d.first_unhandled(9, [], &[]), 2);
         assert_eq!(d.first_unhandled(9, [], &[2]), 3);
         assert_eq!(d.first_unhandled(9, [7], &[2, 3]), 7);
+    }
+
+    #[test]
+    fn a_new_partitions_first_batch_is_held_back_by_its_own_direct_jobs() {
+        // A partition just assigned has no entry: its first batch's direct
+        // jobs (not fired yet) must not be counted as handled.
+        assert_eq!(DirectOffsets::first_unhandled_of(None, 9, [4, 6], &[]), 4);
+        assert_eq!(DirectOffsets::first_unhandled_of(None, 9, [], &[]), 10);
+        let mut d = DirectOffsets::default();
+        d.hold(2);
+        d.ingested(3);
+        assert_eq!(DirectOffsets::first_unhandled_of(Some(&d), 9, [4], &[]), 2);
     }
 
     #[test]

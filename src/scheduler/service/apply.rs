@@ -13,6 +13,7 @@ use super::{SchedulerError, Shared};
 
 use crate::hash::HashMap;
 use crate::job::JobId;
+use crate::scheduler::direct::DirectOffsets;
 use crate::scheduler::store::{Change, DueKey, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::wire::{self, Command};
@@ -232,10 +233,17 @@ pub(super) fn apply_batch(
         let held = shared.direct();
         for (p, pb) in parts.iter_mut() {
             if !pb.changes.is_empty() {
-                let first = held.get(p).map_or(pb.last_offset + 1, |d| {
-                    let holding = pb.direct.iter().map(|s| s.seq as i64);
-                    d.first_unhandled(pb.last_offset, holding, &pb.released())
-                });
+                // A partition with no entry yet (just assigned) still has
+                // this batch's direct jobs to hold the frontier back.
+                let holding = pb.direct.iter().map(|s| s.seq as i64);
+                let first =
+                    DirectOffsets::first_unhandled_of(held.get(p), pb.last_offset, holding, &pb.released());
+                debug!(
+                    partition = *p,
+                    schedule_next = first,
+                    last_offset = pb.last_offset,
+                    "schedule frontier"
+                );
                 pb.schedule_next = Some(first);
             }
         }

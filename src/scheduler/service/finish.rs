@@ -161,28 +161,40 @@ pub(super) async fn finish_fire(
         for (p, f) in by_part.iter_mut() {
             if let Some(d) = offsets.get(p) {
                 let next = d.safe() + 1;
+                debug!(
+                    partition = *p,
+                    schedule_next = next,
+                    "schedule frontier after fires"
+                );
                 f.schedule_next = Some(next);
                 f.tombs
                     .push(changelog::schedule_next_record(&cfg.topics.changelog, next));
             }
         }
     }
-    let sends = by_part.iter().flat_map(|(p, f)| {
-        f.tombs
-            .iter()
-            .map(move |r| kafka::send(&shared.producer, r, Some(*p)))
-    });
-    let mut results = futures::future::join_all(sends).await.into_iter();
-    for f in by_part.values_mut() {
-        for (r, rec) in results.by_ref().zip(&f.tombs) {
-            match r {
-                Ok(d) => f.changelog_next = f.changelog_next.max(d.offset + 1),
-                // The local delete still happens; a later owner rebuilding from
-                // the changelog may fire this job again (a documented duplicate).
-                Err(err) => {
-                    warn!(key = %String::from_utf8_lossy(&rec.key), error = %err, "changelog write failed")
-                }
-            }
+    // One list of (partition, record), so that each acknowledgement is read
+    // against the record it answers.
+    let sent: Vec<(i32, &OwnedRecord)> = by_part
+        .iter()
+        .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
+        .collect();
+    let results = futures::future::join_all(
+        sent.iter()
+            .map(|(p, r)| kafka::send(&shared.producer, r, Some(*p))),
+    )
+    .await;
+    let acks = results.into_iter().map(|r| r.map(|d| d.offset));
+    let partitions: Vec<i32> = sent.iter().map(|(p, _)| *p).collect();
+    let (written, failed) = changelog::written_up_to(&partitions, acks);
+    for (i, err) in failed {
+        // The local delete still happens; a later owner rebuilding from
+        // the changelog may fire this job again (a documented duplicate).
+        warn!(key = %String::from_utf8_lossy(&sent[i].1.key), error = %err, "changelog write failed");
+    }
+    drop(sent);
+    for (p, next) in written {
+        if let Some(f) = by_part.get_mut(&p) {
+            f.changelog_next = next;
         }
     }
     // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
