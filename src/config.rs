@@ -82,6 +82,8 @@ pub struct WorkerConfig {
     /// `session.timeout.ms` in `[kafka.consumer]` wins.
     #[serde(with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// The worker's admin endpoint (`[worker.admin]`; off by default).
+    pub admin: AdminConfig,
 }
 
 impl Default for WorkerConfig {
@@ -97,6 +99,7 @@ impl Default for WorkerConfig {
             revocation_deadline: Duration::from_secs(30),
             early_tolerance: Duration::from_secs(1),
             session_timeout: Duration::from_secs(10),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -164,6 +167,41 @@ pub struct SchedulerConfig {
     /// allows a rebalance to take.
     #[serde(with = "humantime_serde")]
     pub revocation_deadline: Duration,
+    /// The scheduler's admin endpoint (`[scheduler.admin]`; off by default).
+    pub admin: AdminConfig,
+}
+
+/// An admin endpoint ([`crate::admin`]): `/metrics`, `/healthz`, `/readyz`,
+/// `/status`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address to serve, e.g. `127.0.0.1:9464`; unset: no endpoint. An
+    /// address other than loopback needs `token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Bearer token every request must carry (`Authorization: Bearer
+    /// <token>`); better set through the environment
+    /// (`KAIROS_SCHEDULER__ADMIN__TOKEN`, `KAIROS_WORKER__ADMIN__TOKEN`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl AdminConfig {
+    /// Refuse an endpoint open beyond this machine without a token.
+    fn validate(&self, key: &'static str) -> Result<(), ConfigError> {
+        let has_token = self.token.as_deref().is_some_and(|t| !t.trim().is_empty());
+        match self.listen {
+            Some(addr) if !addr.ip().is_loopback() && !has_token => Err(ConfigError::Invalid {
+                key,
+                message: format!(
+                    "the admin endpoint on {addr} is reachable from other machines: set a token \
+                     (or listen on 127.0.0.1)"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -183,6 +221,7 @@ impl Default for SchedulerConfig {
             instance_id: String::new(),
             session_timeout: Duration::from_secs(30),
             revocation_deadline: Duration::from_secs(60),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -399,6 +438,8 @@ impl Config {
                 "must be longer than zero and at most 300s",
             ));
         }
+        s.admin.validate("scheduler.admin.token")?;
+        w.admin.validate("worker.admin.token")?;
         Ok(())
     }
 }

@@ -139,8 +139,15 @@ pub async fn run(
         .ok_or_else(|| failed("no work topic configured"))?;
     cfg.worker.topics = vec![work.clone()];
 
+    // Admin endpoints on free local ports, unless configured.
+    for admin in [&mut cfg.scheduler.admin, &mut cfg.worker.admin] {
+        if admin.listen.is_none() {
+            admin.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        }
+    }
     let stop = CancellationToken::new();
     let scheduler = Scheduler::builder(&cfg).build().map_err(failed)?;
+    let sched_admin = scheduler.admin_addr();
     let member = scheduler
         .instance_id()
         .map_or("a dynamic member".to_string(), |id| format!("static member {id}"));
@@ -171,6 +178,10 @@ pub async fn run(
         })
         .map_err(failed)?;
     let wh = worker.handle();
+    let worker_admin = worker.admin_addr();
+    if let (Some(s), Some(w)) = (sched_admin, worker_admin) {
+        println!("admin      scheduler http://{s}/metrics (and /status, /readyz), worker http://{w}/metrics");
+    }
     let st = stop.clone();
     let worker_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
     println!(
@@ -363,6 +374,36 @@ pub async fn run(
         s.overlaps += intervals.windows(2).filter(|w| w[1].0 < w[0].1).count();
     }
     let ws = wh.stats();
+    // What an operator's Prometheus would scrape now.
+    let scraped = [
+        (sched_admin, "kairos_scheduler_"),
+        (worker_admin, "kairos_worker_"),
+    ];
+    for (addr, prefix) in scraped {
+        let Some(addr) = addr else { continue };
+        let text = tokio::task::spawn_blocking(move || scrape(addr, "/metrics"))
+            .await
+            .map_err(failed)?
+            .map_err(failed)?;
+        let wanted = [
+            "fired_total",
+            "cancelled_total",
+            "fire_lateness_seconds_count",
+            "started_total",
+            "succeeded_total",
+            "retried_total",
+            "dead_lettered_total",
+            "start_delay_seconds_sum",
+        ];
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(prefix)
+                    .is_some_and(|r| wanted.iter().any(|w| r.starts_with(w)))
+            })
+            .collect();
+        println!("metrics    {}", lines.join("\n           "));
+    }
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
     sched_task.await.map_err(failed)?.map_err(failed)?;
@@ -411,4 +452,18 @@ pub async fn run(
         ));
     }
     Ok(s)
+}
+
+/// `GET path` from a local admin endpoint: the response body.
+fn scrape(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    Ok(raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string())
 }

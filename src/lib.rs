@@ -10,6 +10,8 @@
 //! - [`job`]: the [`Job`] and its [`JobId`].
 //! - [`wire`]: the wire contract, a job as a Kafka record (key, value,
 //!   `kairos-*` headers); decoding errors name the header and the reason.
+//! - [`admin`]: the admin endpoint of a scheduler or a worker (`/metrics`,
+//!   `/healthz`, `/readyz`, `/status`).
 //! - [`clock`]: injected time, so tests drive the clock instead of sleeping.
 //! - [`hash`]: hash maps with a fast, randomly seeded hasher.
 //! - [`config`]: TOML configuration with `KAIROS_...` environment overrides.
@@ -28,6 +30,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod demo;

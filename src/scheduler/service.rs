@@ -31,6 +31,7 @@ mod dispatch;
 mod finish;
 mod firing;
 mod ingest;
+mod metrics;
 mod persist;
 mod probe;
 mod rebalance;
@@ -80,6 +81,9 @@ pub enum SchedulerError {
     /// The instance's stable id could not be read or kept.
     #[error(transparent)]
     InstanceId(#[from] super::instance::InstanceIdError),
+    /// The admin endpoint could not listen.
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
     /// The ingest thread ended abnormally.
     #[error("scheduler stopped: {0}")]
     Fatal(String),
@@ -96,10 +100,12 @@ struct Stats {
     skipped: AtomicU64,
     dead_lettered: AtomicU64,
     replayed: AtomicU64,
+    /// Fire time (acknowledged) − run-at of each job fired.
+    fire_lateness: crate::admin::Histogram,
 }
 
 /// A snapshot of what the scheduler holds and has done.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SchedulerStats {
     /// Schedule partitions owned.
     pub owned: Vec<i32>,
@@ -235,6 +241,8 @@ impl Shared {
 /// ```
 pub struct Scheduler {
     shared: Arc<Shared>,
+    /// The admin endpoint, bound, served once the scheduler runs.
+    admin: Option<crate::admin::Admin>,
 }
 
 /// Builds a [`Scheduler`].
@@ -275,7 +283,9 @@ impl Scheduler {
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
         let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
         let (probe, probe_inbox) = std::sync::mpsc::sync_channel(1);
+        let admin = crate::admin::Admin::bind(&s.admin)?;
         Ok(Scheduler {
+            admin,
             shared: Arc::new(Shared {
                 cfg: cfg.clone(),
                 instance_id,
@@ -304,6 +314,12 @@ impl Scheduler {
     /// What the scheduler holds and has done.
     pub fn stats(&self) -> SchedulerStats {
         stats(&self.shared)
+    }
+
+    /// Where the admin endpoint listens (`[scheduler.admin] listen`; with
+    /// port 0, the port chosen), or `None` when it is off.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(crate::admin::Admin::local_addr)
     }
 
     /// The id this instance joins its group with as a static member
@@ -348,6 +364,12 @@ impl Scheduler {
     /// comes back or `scheduler.session_timeout` has passed.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), SchedulerError> {
         let shared = self.shared;
+        let admin = self.admin.map(|a| {
+            let source = Arc::new(SchedulerHandle {
+                shared: shared.clone(),
+            });
+            a.serve(source, shared.stop.clone())
+        });
         let ingest_shared = shared.clone();
         let ingest = std::thread::Builder::new()
             .name("kairos-ingest".into())
@@ -409,6 +431,9 @@ impl Scheduler {
             .await
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?
             .map_err(|_| SchedulerError::Fatal("probe thread panicked".into()))?;
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
             return Err(SchedulerError::Fatal(e));
         }

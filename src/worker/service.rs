@@ -17,6 +17,7 @@
 //! [`crate::worker::TestWorker`] runs.
 
 mod drive;
+mod metrics;
 mod offsets;
 mod poll;
 
@@ -55,6 +56,9 @@ pub enum WorkerError {
     /// The configuration is unusable.
     #[error("worker configuration: {0}")]
     Config(String),
+    /// The admin endpoint could not listen.
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
     /// The poll thread ended abnormally.
     #[error("worker stopped: {0}")]
     Fatal(String),
@@ -110,10 +114,14 @@ struct Stats {
     dead_lettered: AtomicU64,
     panicked: AtomicU64,
     handed_to_scheduler: AtomicU64,
+    /// Start − run-at of each handler run.
+    start_delay: crate::admin::Histogram,
+    /// How long each handler run took.
+    duration: crate::admin::Histogram,
 }
 
 /// A snapshot of the worker's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WorkerStats {
     /// Handler runs started.
     pub started: u64,
@@ -237,6 +245,8 @@ pub struct WorkerBuilder {
 /// time per key, in order.
 pub struct Worker {
     shared: Arc<Shared>,
+    /// The admin endpoint, bound, served once the worker runs.
+    admin: Option<crate::admin::Admin>,
 }
 
 impl Worker {
@@ -288,10 +298,12 @@ impl WorkerBuilder {
         let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone())?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| WorkerError::Config("build the worker inside a tokio runtime".into()))?;
+        let admin = crate::admin::Admin::bind(&w.admin)?;
         let (drivers, driver_inboxes) = (0..runtime.metrics().num_workers().max(1))
             .map(|_| tokio::sync::mpsc::unbounded_channel())
             .unzip();
         Ok(Worker {
+            admin,
             shared: Arc::new(Shared {
                 topics: w.topics.clone(),
                 group: w.group_id.clone(),
@@ -364,6 +376,12 @@ impl Worker {
         stats(&self.shared)
     }
 
+    /// Where the admin endpoint listens (`[worker.admin] listen`; with port
+    /// 0, the port chosen), or `None` when it is off.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(crate::admin::Admin::local_addr)
+    }
+
     /// A handle for reading counters while the worker runs.
     pub fn handle(&self) -> WorkerHandle {
         WorkerHandle {
@@ -380,6 +398,12 @@ impl Worker {
         if inboxes.is_empty() {
             return Err(WorkerError::Fatal("the worker already ran".into()));
         }
+        let admin = self.admin.map(|a| {
+            let source = Arc::new(WorkerHandle {
+                shared: shared.clone(),
+            });
+            a.serve(source, shared.stop.clone())
+        });
         let halt = CancellationToken::new();
         for inbox in inboxes {
             tokio::spawn(drive::drive(shared.clone(), inbox, halt.clone()));
@@ -402,6 +426,9 @@ impl Worker {
         // Every partition has been released. Handlers still running now are
         // past the revocation deadline: their drivers end after them.
         halt.cancel();
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         let result = result?;
         info!(stats = ?stats(&shared), "worker stopped");
         result

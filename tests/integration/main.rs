@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod bad_input;
 mod contract;
 mod foreign_clients;

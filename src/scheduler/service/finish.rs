@@ -93,6 +93,7 @@ pub(super) async fn finish_fire(
             Ok(d) => {
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
+                shared.stats.fire_lateness.observe_ms(late_ms);
                 debug!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic,
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);

@@ -155,10 +155,14 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         false
     } else {
         shared.stats.started.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let delay = shared.clock.now() - job.run_at;
+        shared.stats.start_delay.observe_ms(delay.num_milliseconds());
         let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
             partition = tp.1, offset, attempt = job.attempt);
         let (outcome, panic) =
             run_caught(shared.handler.call(job.clone(), ctx).instrument(span.clone())).await;
+        shared.stats.duration.observe(started.elapsed());
         if let Some(msg) = panic {
             shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
             warn!(parent: &span, panic = %msg, "handler panicked");

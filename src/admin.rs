@@ -1,0 +1,197 @@
+//! The admin endpoint of a scheduler or a worker, for operators and their
+//! monitoring: `GET /metrics` (Prometheus, OpenMetrics text), `/healthz`
+//! (the process is alive), `/readyz` (it owns partitions and can work them)
+//! and `/status` (what it holds and has done, as JSON).
+//!
+//! Off unless `[scheduler.admin] listen` or `[worker.admin] listen` is set.
+//! It serves 127.0.0.1 (or another loopback address) as it is; any other
+//! address needs a bearer token (`token`, or the environment variable
+//! `KAIROS_SCHEDULER__ADMIN__TOKEN` / `KAIROS_WORKER__ADMIN__TOKEN`), and a
+//! request without `Authorization: Bearer <token>` is refused with 401.
+//! With a token set, every path needs it, on loopback too.
+
+mod metrics;
+
+pub use metrics::{Histogram, Metrics};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::AdminConfig;
+
+/// What a service shows on its admin endpoint.
+pub trait Source: Send + Sync + 'static {
+    /// Its metrics, filled in for a scrape.
+    fn metrics(&self) -> Metrics;
+    /// What it holds and has done, for `/status`.
+    fn status(&self) -> serde_json::Value;
+    /// Whether it can work now (answers `/readyz`).
+    fn ready(&self) -> bool;
+}
+
+/// Why the admin endpoint did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The address could not be bound (in use, not local, no permission).
+    #[error("admin endpoint: cannot listen on {addr}: {source}")]
+    Bind {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// An admin endpoint bound to its address, not yet serving.
+pub struct Admin {
+    listener: std::net::TcpListener,
+    token: Option<String>,
+}
+
+impl Admin {
+    /// Bind the configured address; `None` when the endpoint is off. Binding
+    /// happens here, so that a port in use is reported at build time and a
+    /// port 0 is known before the service runs ([`Admin::local_addr`]).
+    pub fn bind(cfg: &AdminConfig) -> Result<Option<Admin>, AdminError> {
+        let Some(addr) = cfg.listen else {
+            return Ok(None);
+        };
+        let bind = |source| AdminError::Bind { addr, source };
+        let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
+        listener.set_nonblocking(true).map_err(bind)?;
+        Ok(Some(Admin {
+            listener,
+            token: cfg.token.clone().filter(|t| !t.is_empty()),
+        }))
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serve `source` until `stop` is cancelled. Must be called inside a
+    /// tokio runtime.
+    pub fn serve(self, source: Arc<dyn Source>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let addr = self.local_addr();
+        let state = Arc::new(Served {
+            source,
+            token: self.token,
+        });
+        let app = Router::new()
+            .route("/metrics", get(metrics_page))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/status", get(status))
+            .layer(middleware::from_fn_with_state(state.clone(), authorize))
+            .with_state(state);
+        let listener = self.listener;
+        tokio::spawn(async move {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(%addr, error = %e, "admin endpoint not served");
+                    return;
+                }
+            };
+            info!(%addr, "admin endpoint serving /metrics /healthz /readyz /status");
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                warn!(%addr, error = %e, "admin endpoint stopped");
+            }
+        })
+    }
+}
+
+struct Served {
+    source: Arc<dyn Source>,
+    token: Option<String>,
+}
+
+/// Refuse a request without the bearer token, when one is set.
+async fn authorize(State(s): State<Arc<Served>>, req: Request, next: Next) -> Response {
+    match &s.token {
+        Some(token) if !bearer_matches(req.headers(), token) => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required\n",
+        )
+            .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in time
+/// that does not depend on where they differ.
+fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn metrics_page(State(s): State<Arc<Served>>) -> Response {
+    match s.source.metrics().render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn readyz(State(s): State<Arc<Served>>) -> Response {
+    if s.source.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn status(State(s): State<Arc<Served>>) -> Response {
+    let body = serde_json::to_string_pretty(&s.source.status())
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert!(bearer_matches(&with("Bearer s3cret"), "s3cret"));
+        assert!(!bearer_matches(&with("Bearer s3cre"), "s3cret"));
+        assert!(!bearer_matches(&with("Bearer s3cretX"), "s3cret"));
+        assert!(!bearer_matches(&with("Basic s3cret"), "s3cret"));
+        assert!(!bearer_matches(&HeaderMap::new(), "s3cret"));
+    }
+}

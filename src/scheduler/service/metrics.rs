@@ -1,0 +1,126 @@
+//! What a scheduler shows on its admin endpoint ([`crate::admin`]).
+
+use serde_json::json;
+
+use super::{stats, SchedulerHandle};
+use crate::admin::{Metrics, Source};
+
+/// Per owned partition: (partition, jobs pending, ms the partition's read
+/// position is behind the clock: jobs due later than that wait for it;
+/// `None` before its first read).
+fn partitions(h: &SchedulerHandle) -> Vec<(i32, u64, Option<i64>)> {
+    let shared = &h.shared;
+    let owned = shared.wheel().partitions();
+    let read = shared.caught_up().snapshot();
+    let now = shared.clock.now().timestamp_millis();
+    let mut out: Vec<(i32, u64, Option<i64>)> = owned
+        .into_iter()
+        .map(|p| {
+            let pending = shared.store.checkpoint(p).map(|c| c.pending).unwrap_or(0);
+            let behind = read
+                .get(&p)
+                .filter(|until| **until > 0)
+                .map(|until| now.saturating_sub(*until).max(0));
+            (p, pending, behind)
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+impl Source for SchedulerHandle {
+    fn metrics(&self) -> Metrics {
+        let s = stats(&self.shared);
+        let parts = partitions(self);
+        let mut m = Metrics::default();
+        m.gauge(
+            "kairos_scheduler_partitions_owned",
+            "Schedule partitions this instance owns.",
+            s.owned.len() as i64,
+        )
+        .gauge_by(
+            "kairos_scheduler_pending_jobs",
+            "Jobs pending in the store, per owned schedule partition.",
+            "partition",
+            parts.iter().map(|(p, n, _)| (p.to_string(), *n as i64)),
+        )
+        .gauge_by(
+            "kairos_scheduler_read_behind_ms",
+            "How far (ms) each owned schedule partition's reading is behind the clock; \
+                 jobs due within it wait for the partition to be read (a cancel written before \
+                 their run-at wins).",
+            "partition",
+            parts.iter().filter_map(|(p, _, b)| Some((p.to_string(), (*b)?))),
+        )
+        .gauge(
+            "kairos_scheduler_window_jobs",
+            "Jobs held in memory, due soon.",
+            s.in_memory as i64,
+        )
+        .counter(
+            "kairos_scheduler_ingested",
+            "Schedule records ingested.",
+            s.ingested,
+        )
+        .counter(
+            "kairos_scheduler_fired",
+            "Jobs fired to their work topics.",
+            s.fired,
+        )
+        .counter(
+            "kairos_scheduler_fired_direct",
+            "Jobs fired straight from memory (due on arrival).",
+            s.fired_direct,
+        )
+        .counter("kairos_scheduler_cancelled", "Cancels applied.", s.cancelled)
+        .counter(
+            "kairos_scheduler_too_late",
+            "Cancels and reschedules that met their job being fired.",
+            s.too_late,
+        )
+        .counter(
+            "kairos_scheduler_skipped",
+            "Schedule records read again that were handled before.",
+            s.skipped,
+        )
+        .counter(
+            "kairos_scheduler_dead_lettered",
+            "Records dead-lettered.",
+            s.dead_lettered,
+        )
+        .counter(
+            "kairos_scheduler_replayed",
+            "Changelog records read to catch partitions up.",
+            s.replayed,
+        )
+        .histogram(
+            "kairos_scheduler_fire_lateness_seconds",
+            "Fire time (acknowledged by the work topic) minus run-at.",
+            &self.shared.stats.fire_lateness,
+        );
+        m
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let parts: Vec<serde_json::Value> = partitions(self)
+            .into_iter()
+            .map(|(p, pending, behind)| json!({"partition": p, "pending": pending, "read_behind_ms": behind}))
+            .collect();
+        json!({
+            "role": "scheduler",
+            "instance_id": self.shared.instance_id,
+            "ready": self.ready(),
+            "stats": stats(&self.shared),
+            "partitions": parts,
+            "stopping": self.shared.stop.is_cancelled(),
+        })
+    }
+
+    /// Ready once it owns a partition (a partition is owned only after its
+    /// store has caught up with the changelog) and is not stopping.
+    fn ready(&self) -> bool {
+        !self.shared.stop.is_cancelled()
+            && !self.shared.wheel().partitions().is_empty()
+            && self.shared.fatal.lock().map(|f| f.is_none()).unwrap_or(false)
+    }
+}

@@ -1,0 +1,73 @@
+//! What a worker shows on its admin endpoint ([`crate::admin`]).
+
+use serde_json::json;
+
+use super::{stats, WorkerHandle};
+use crate::admin::{Metrics, Source};
+
+impl Source for WorkerHandle {
+    fn metrics(&self) -> Metrics {
+        let s = stats(&self.shared);
+        let mut m = Metrics::default();
+        m.gauge(
+            "kairos_worker_partitions_owned",
+            "Work-topic partitions this worker owns.",
+            s.owned as i64,
+        )
+        .gauge(
+            "kairos_worker_open_jobs",
+            "Jobs read and not yet settled (buffered or running).",
+            s.open as i64,
+        )
+        .counter("kairos_worker_started", "Handler runs started.", s.started)
+        .counter("kairos_worker_succeeded", "Jobs done.", s.succeeded)
+        .counter(
+            "kairos_worker_retried",
+            "Jobs sent back through the scheduler for another attempt.",
+            s.retried,
+        )
+        .counter(
+            "kairos_worker_dead_lettered",
+            "Records and jobs dead-lettered.",
+            s.dead_lettered,
+        )
+        .counter(
+            "kairos_worker_panicked",
+            "Handler runs that panicked.",
+            s.panicked,
+        )
+        .counter(
+            "kairos_worker_handed_to_scheduler",
+            "Jobs read before their run-at and handed to the scheduler.",
+            s.handed_to_scheduler,
+        )
+        .histogram(
+            "kairos_worker_start_delay_seconds",
+            "Handler start minus the job's run-at: how late jobs start.",
+            &self.shared.stats.start_delay,
+        )
+        .histogram(
+            "kairos_worker_job_duration_seconds",
+            "How long handler runs take.",
+            &self.shared.stats.duration,
+        );
+        m
+    }
+
+    fn status(&self) -> serde_json::Value {
+        json!({
+            "role": "worker",
+            "group": self.shared.group,
+            "topics": self.shared.topics,
+            "concurrency": self.shared.concurrency,
+            "ready": self.ready(),
+            "stats": stats(&self.shared),
+            "stopping": self.shared.stop.is_cancelled(),
+        })
+    }
+
+    /// Ready while it owns a partition and is not stopping.
+    fn ready(&self) -> bool {
+        !self.shared.stop.is_cancelled() && stats(&self.shared).owned > 0
+    }
+}

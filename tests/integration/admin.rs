@@ -1,0 +1,221 @@
+//! The admin endpoints of a running scheduler and worker, over real HTTP on
+//! 127.0.0.1: `/metrics` counts what the services did (checked against
+//! their own counters and the jobs written), `/status` says the same as
+//! JSON, `/healthz` and `/readyz` answer; and a token, when set, is required.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::system::config;
+use crate::common::{wait_for, Broker};
+use chrono::Utc;
+use kairos::admin::{Admin, Metrics, Source};
+use kairos::config::AdminConfig;
+use kairos::scheduler::Scheduler;
+use kairos::worker::Outcome;
+use kairos::{Job, Producer, Worker};
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(30);
+
+/// `GET path` with an optional bearer token: (status, body).
+fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the admin endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the response");
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// The value of the sample `name` (a whole line's first field) in metrics text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+fn local() -> AdminConfig {
+    AdminConfig {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        token: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.scheduler.admin = local();
+    cfg.worker.admin = local();
+    kairos::topics::init(&cfg).await.unwrap();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::builder(&cfg).build().unwrap();
+    let s_addr = scheduler.admin_addr().expect("scheduler endpoint bound");
+    let s_handle = scheduler.handle();
+    let worker = Worker::builder(&cfg)
+        .build(|_job, _ctx| async { Outcome::done() })
+        .unwrap();
+    let w_addr = worker.admin_addr().expect("worker endpoint bound");
+    let w_handle = worker.handle();
+    let st = stop.clone();
+    let s_task = tokio::spawn(scheduler.run_until(async move { st.cancelled().await }));
+    let st = stop.clone();
+    let w_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
+
+    for addr in [s_addr, w_addr] {
+        wait_for("the endpoint to be ready", T, || {
+            (get(addr, "/readyz", None) == (200, "ready\n".into())).then_some(())
+        });
+        assert_eq!(get(addr, "/healthz", None), (200, "ok\n".into()));
+        assert_eq!(get(addr, "/nothing-here", None).0, 404);
+    }
+    // 30 jobs through the scheduler (due in 3 s: beyond the producer's
+    // early tolerance, so they are not written straight to work), 10 now.
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let at = Utc::now() + chrono::Duration::seconds(3);
+    for i in 0..40 {
+        let job = Job::new(&work, format!("k{}", i % 7), b"x".to_vec());
+        let job = if i < 30 { job.at(at) } else { job };
+        producer.enqueue(job).await.unwrap();
+    }
+    wait_for("40 jobs done", T, || {
+        (w_handle.stats().succeeded == 40).then_some(())
+    });
+    wait_for("the scheduler's pending count to drain", T, || {
+        (s_handle.stats().pending == 0).then_some(())
+    });
+
+    let (code, text) = get(s_addr, "/metrics", None);
+    assert_eq!(code, 200);
+    let fired = s_handle.stats().fired;
+    assert_eq!(fired, 30, "the scheduler fired the 30 future jobs");
+    assert_eq!(sample(&text, "kairos_scheduler_fired_total"), fired as f64);
+    assert_eq!(
+        sample(&text, "kairos_scheduler_fire_lateness_seconds_count"),
+        fired as f64
+    );
+    assert_eq!(sample(&text, "kairos_scheduler_partitions_owned"), 3.0);
+    assert_eq!(
+        sample(&text, "kairos_scheduler_pending_jobs{partition=\"0\"}"),
+        0.0
+    );
+    assert!(sample(&text, "kairos_scheduler_ingested_total") >= 30.0);
+    let (code, status) = get(s_addr, "/status", None);
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");
+    assert_eq!(status["role"], "scheduler");
+    assert_eq!(status["stats"]["fired"], fired);
+    assert_eq!(status["partitions"].as_array().map(Vec::len), Some(3));
+
+    let (code, text) = get(w_addr, "/metrics", None);
+    assert_eq!(code, 200);
+    assert_eq!(sample(&text, "kairos_worker_succeeded_total"), 40.0);
+    assert_eq!(
+        sample(&text, "kairos_worker_started_total"),
+        w_handle.stats().started as f64
+    );
+    assert_eq!(
+        sample(&text, "kairos_worker_start_delay_seconds_count"),
+        w_handle.stats().started as f64
+    );
+    assert_eq!(
+        sample(&text, "kairos_worker_job_duration_seconds_count"),
+        w_handle.stats().started as f64
+    );
+    let (_, status) = get(w_addr, "/status", None);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");
+    assert_eq!(status["role"], "worker");
+    assert_eq!(status["stats"]["succeeded"], 40);
+
+    stop.cancel();
+    s_task.await.unwrap().expect("scheduler ran cleanly");
+    w_task.await.unwrap().expect("worker ran cleanly");
+    assert!(
+        TcpStream::connect(s_addr).is_err(),
+        "the endpoint stops with its service"
+    );
+}
+
+/// A stand-in service (the auth check does not depend on what is served).
+struct Stub;
+
+impl Source for Stub {
+    fn metrics(&self) -> Metrics {
+        let mut m = Metrics::default();
+        m.counter("kairos_stub_calls", "Calls.", 1);
+        m
+    }
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({"role": "stub"})
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_set_a_request_without_it_is_refused() {
+    let cfg = AdminConfig {
+        token: Some("s3cret".into()),
+        ..local()
+    };
+    let admin = Admin::bind(&cfg).unwrap().expect("listen is set");
+    let addr = admin.local_addr();
+    let stop = CancellationToken::new();
+    let served = admin.serve(Arc::new(Stub), stop.clone());
+    for path in ["/metrics", "/status", "/healthz", "/readyz"] {
+        let (code, body) = tokio::task::spawn_blocking(move || get(addr, path, None))
+            .await
+            .unwrap();
+        assert_eq!(code, 401, "{path} without a token");
+        assert!(
+            !body.contains("kairos_stub") && !body.contains("stub"),
+            "{path} leaked: {body}"
+        );
+        let (code, _) = tokio::task::spawn_blocking(move || get(addr, path, Some("wrong")))
+            .await
+            .unwrap();
+        assert_eq!(code, 401, "{path} with a wrong token");
+        let (code, _) = tokio::task::spawn_blocking(move || get(addr, path, Some("s3cret")))
+            .await
+            .unwrap();
+        assert_eq!(code, 200, "{path} with the token");
+    }
+    let (_, text) = tokio::task::spawn_blocking(move || get(addr, "/metrics", Some("s3cret")))
+        .await
+        .unwrap();
+    assert!(text.contains("kairos_stub_calls_total 1\n"), "{text}");
+    stop.cancel();
+    served.await.unwrap();
+}
+
+#[test]
+fn an_endpoint_bound_beyond_loopback_needs_a_token() {
+    let mut cfg = kairos::Config::default();
+    cfg.scheduler.admin.listen = Some("0.0.0.0:9464".parse().unwrap());
+    let err = cfg.validate().expect_err("no token");
+    assert!(err.to_string().contains("scheduler.admin.token"), "{err}");
+    cfg.scheduler.admin.token = Some("t".into());
+    cfg.validate().expect("with a token");
+    cfg.worker.admin.listen = Some("[::]:9465".parse().unwrap());
+    let err = cfg.validate().expect_err("the worker's has none");
+    assert!(err.to_string().contains("worker.admin.token"), "{err}");
+    cfg.worker.admin.listen = Some("[::1]:9465".parse().unwrap());
+    cfg.validate().expect("loopback needs none");
+}
