@@ -404,6 +404,22 @@ pub async fn run(
             .collect();
         println!("metrics    {}", lines.join("\n           "));
     }
+    // What `kairos dlq list` shows an operator now.
+    let c = cfg.clone();
+    let dead = tokio::task::spawn_blocking(move || crate::dlq::list(&c, &crate::dlq::Filter::default()))
+        .await
+        .map_err(failed)?
+        .map_err(failed)?;
+    if let Some(first) = dead.first() {
+        println!(
+            "dead       {} in {} (kairos dlq list / kairos dlq replay), e.g. job {} key {}: {}",
+            dead.len(),
+            cfg.topics.dead_letter,
+            first.job_id.as_deref().unwrap_or("-"),
+            first.key.as_deref().unwrap_or("-"),
+            first.reason
+        );
+    }
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
     sched_task.await.map_err(failed)?.map_err(failed)?;

@@ -25,6 +25,7 @@
 //!   dead letters, follow-ups, rebalances.
 //! - [`example`]: the example handler behind `kairos worker` and the demo.
 //! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
+//! - [`dlq`]: the dead-letter topic for operators: list, replay.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod dev_broker;
+pub mod dlq;
 pub mod example;
 #[doc(hidden)]
 pub mod hash;

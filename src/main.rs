@@ -82,6 +82,11 @@ enum Command {
         #[arg(long)]
         max_attempts: Option<u32>,
     },
+    /// The dead-letter topic: list what is in it, replay dead jobs.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Cancel a pending job by id.
     Cancel {
         /// The job id printed by `enqueue`.
@@ -95,6 +100,47 @@ enum Command {
         #[arg(long)]
         at: String,
     },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters (oldest first per partition): reason, origin, job.
+    List {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write dead jobs back to their work topics (same id, key, payload and
+    /// headers; attempt 1). At-least-once: replayed twice, they run twice
+    /// unless the handler deduplicates on the job id.
+    Replay {
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct DlqFilter {
+    /// Only dead letters from this topic.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Only dead letters whose reason contains this text.
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+impl From<DlqFilter> for kairos::dlq::Filter {
+    fn from(f: DlqFilter) -> Self {
+        kairos::dlq::Filter {
+            origin_topic: f.topic,
+            reason: f.reason,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -202,6 +248,54 @@ async fn main() -> anyhow::Result<()> {
             let worker = kairos::worker::Worker::builder(&cfg)
                 .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
+        }
+        Command::Dlq {
+            command: DlqCommand::List { filter, json },
+        } => {
+            let filter = filter.into();
+            let c = cfg.clone();
+            let entries = tokio::task::spawn_blocking(move || kairos::dlq::list(&c, &filter)).await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entries)?);
+            } else {
+                println!(
+                    "{:<9} {:<36} {:<12} {:>7}  {:<30} reason",
+                    "partition", "job", "key", "attempt", "origin"
+                );
+                for e in &entries {
+                    let origin = format!("{}[{}]@{}", e.origin_topic, e.origin_partition, e.origin_offset);
+                    let job = e.job_id.clone().unwrap_or_else(|| "(not a job)".into());
+                    let attempt = e.attempt.map_or("-".into(), |a| a.to_string());
+                    let why = match &e.not_a_job {
+                        Some(n) => format!("{} (not replayable: {n})", e.reason),
+                        None => e.reason.clone(),
+                    };
+                    let key = e.key.clone().unwrap_or_default();
+                    println!(
+                        "{:<9} {job:<36} {key:<12} {attempt:>7}  {origin:<30} {why}",
+                        format!("{}@{}", e.partition, e.offset)
+                    );
+                }
+                eprintln!("{} dead letters", entries.len());
+            }
+        }
+        Command::Dlq {
+            command: DlqCommand::Replay { filter, json },
+        } => {
+            let report = kairos::dlq::replay(&cfg, &filter.into(), |done, of| {
+                if done % 1000 == 0 {
+                    eprintln!("replayed {done} of {of}");
+                }
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "{} dead letters matched: {} jobs replayed, {} not jobs (left alone)",
+                    report.matched, report.replayed, report.not_jobs
+                );
+            }
         }
         Command::Cancel { id } => {
             Producer::new(&cfg)?.cancel(id).await.context("cancel")?;

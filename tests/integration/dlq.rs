@@ -1,0 +1,158 @@
+//! The dead-letter topic for operators, against a real broker: `kairos dlq
+//! list` shows every dead letter with its reason (jobs and records that
+//! never were jobs), filters by reason and origin topic; `kairos dlq replay`
+//! writes the dead jobs back to their work topic with their ids, keys,
+//! payloads and headers, attempt 1, and a worker runs them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::system::{config, run};
+use crate::common::{wait_for, Broker};
+use kairos::dlq::{self, Filter};
+use kairos::worker::Outcome;
+use kairos::{Job, JobId, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+
+const T: Duration = Duration::from_secs(30);
+
+/// A replayed run: its attempt and its `trace-id` header.
+type Ran = (u32, Option<Vec<u8>>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+
+    // Three jobs the handler refuses, one it takes, and a record that is
+    // not a job at all (its attempt header does not parse).
+    let producer = Producer::new(&cfg).unwrap();
+    let mut dead_ids = HashSet::new();
+    for i in 0..3 {
+        let mut job = Job::new(&work, format!("k{i}"), format!("refuse {i}").into_bytes());
+        job.headers
+            .push(("trace-id".into(), Some(format!("t{i}").into_bytes())));
+        dead_ids.insert(producer.enqueue(job).await.unwrap());
+    }
+    producer
+        .enqueue(Job::new(&work, "k9", b"take".to_vec()))
+        .await
+        .unwrap();
+    let raw: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+        key: "kairos-attempt",
+        value: Some("abc"),
+    });
+    raw.send(BaseRecord::to(&work).key("bad").payload("x").headers(headers))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    raw.flush(T).unwrap();
+
+    let system = run(&cfg, false, |job: Job, _ctx| async move {
+        if job.payload.starts_with(b"refuse") {
+            Outcome::dead("refused: bad input")
+        } else {
+            Outcome::done()
+        }
+    });
+    wait_for("four dead letters", T, || {
+        (system.worker.stats().dead_lettered == 4).then_some(())
+    });
+    system.stop().await;
+
+    // List: all four, the jobs with their ids, the other with why.
+    let all = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        move || dlq::list(&cfg, &Filter::default())
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(all.len(), 4, "{all:#?}");
+    let listed: HashSet<JobId> = all.iter().filter_map(|e| e.job.as_ref().map(|j| j.id)).collect();
+    assert_eq!(listed, dead_ids);
+    let not_job: Vec<_> = all.iter().filter(|e| e.job.is_none()).collect();
+    assert_eq!(not_job.len(), 1);
+    assert!(
+        not_job[0]
+            .not_a_job
+            .as_deref()
+            .unwrap()
+            .contains("kairos-attempt"),
+        "{not_job:?}"
+    );
+    assert!(all.iter().all(|e| e.origin_topic == work));
+    let refused = Filter {
+        reason: Some("bad input".into()),
+        ..Filter::default()
+    };
+    let cfg2 = cfg.clone();
+    let only = tokio::task::spawn_blocking(move || dlq::list(&cfg2, &refused))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(only.len(), 3);
+    let elsewhere = Filter {
+        origin_topic: Some("some.other.topic".into()),
+        ..Filter::default()
+    };
+    let cfg2 = cfg.clone();
+    let none = tokio::task::spawn_blocking(move || dlq::list(&cfg2, &elsewhere))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(none.is_empty());
+
+    // The command line says the same, as JSON.
+    let file = dir.path().join("kairos.toml");
+    std::fs::write(&file, toml::to_string(&cfg).unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["--config", file.to_str().unwrap(), "dlq", "list", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+
+    // Replay everything: the three jobs go back; the record that never was
+    // a job stays where it is.
+    let mut seen_progress = 0;
+    let report = dlq::replay(&cfg, &Filter::default(), |done, _| seen_progress = done)
+        .await
+        .unwrap();
+    assert_eq!((report.matched, report.replayed, report.not_jobs), (4, 3, 1));
+    assert_eq!(seen_progress, 3);
+
+    // The same group reads on from where it stopped: only the replays.
+    let ran: Arc<Mutex<HashMap<JobId, Ran>>> = Arc::default();
+    let seen = ran.clone();
+    let system = run(&cfg, false, move |job: Job, _ctx| {
+        let trace = job
+            .headers
+            .iter()
+            .find(|(k, _)| k == "trace-id")
+            .and_then(|(_, v)| v.clone());
+        seen.lock().unwrap().insert(job.id, (job.attempt, trace));
+        async { Outcome::done() }
+    });
+    wait_for("the three replays to run", T, || {
+        (system.worker.stats().succeeded == 3).then_some(())
+    });
+    system.stop().await;
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran.keys().copied().collect::<HashSet<_>>(), dead_ids);
+    for (attempt, trace) in ran.values() {
+        assert_eq!(*attempt, 1, "attempt reset");
+        assert!(
+            trace.as_deref().is_some_and(|t| t.starts_with(b"t")),
+            "headers kept"
+        );
+    }
+}
