@@ -84,7 +84,13 @@ pub enum DlqError {
     /// The read stopped abnormally.
     #[error("reading the dead-letter topic: {0}")]
     Task(String),
+    /// These partitions were not read to their end in time.
+    #[error("the dead-letter topic's partitions {0:?} were not read to their end within {READ_TIMEOUT:?}")]
+    Unfinished(Vec<i32>),
 }
+
+/// Longest a read of the dead-letter topic to its end may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Every dead letter now in the topic (up to its end when called) that
 /// matches `filter`, oldest first per partition.
@@ -93,7 +99,8 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
     let mut rc = kafka::base_config(&cfg.kafka, "kairos-dlq");
     rc.set("enable.auto.commit", "false")
         .set("group.id", "kairos-dlq-reader")
-        .set("auto.offset.reset", "earliest");
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "true");
     let consumer: BaseConsumer = rc.create()?;
     let timeout = Duration::from_secs(10);
     let meta = consumer.fetch_metadata(Some(topic), timeout)?;
@@ -116,12 +123,27 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
         return Ok(out);
     }
     consumer.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !left.is_empty() && std::time::Instant::now() < deadline {
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    while !left.is_empty() {
+        if std::time::Instant::now() > deadline {
+            // A partial list would read as "that is all": say so instead.
+            let mut unread: Vec<i32> = left.into_keys().collect();
+            unread.sort_unstable();
+            return Err(DlqError::Unfinished(unread));
+        }
         let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
-        let msg = msg?;
+        let msg = match msg {
+            Ok(m) => m,
+            // The end of a partition (its last offset may be a marker that
+            // is never delivered as a record).
+            Err(KafkaError::PartitionEOF(p)) => {
+                left.remove(&p);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (p, offset) = (msg.partition(), msg.offset());
         if left.get(&p).is_some_and(|end| offset + 1 >= *end) {
             left.remove(&p);
