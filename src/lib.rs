@@ -16,6 +16,7 @@
 //! - [`hash`]: hash maps with a fast, randomly seeded hasher.
 //! - [`config`]: TOML configuration with `KAIROS_...` environment overrides.
 //! - [`kafka`]: the one place rdkafka clients are built from configuration.
+//! - [`overview`]: `kairos stats`, where jobs stand, read from Kafka.
 //! - [`producer`]: enqueue now, `at` a time or `after` a delay; cancel and
 //!   reschedule.
 //! - [`topics`]: `kairos topics init`.
@@ -42,6 +43,7 @@ pub mod example;
 pub mod hash;
 pub mod job;
 pub mod kafka;
+pub mod overview;
 pub mod producer;
 pub mod scheduler;
 pub mod topics;

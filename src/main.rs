@@ -82,6 +82,13 @@ enum Command {
         #[arg(long)]
         max_attempts: Option<u32>,
     },
+    /// Where jobs stand: per topic, the records it holds and how far its
+    /// consumer group is behind; the dead-letter topic's size.
+    Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The dead-letter topic: list what is in it, replay dead jobs.
     Dlq {
         #[command(subcommand)]
@@ -248,6 +255,26 @@ async fn main() -> anyhow::Result<()> {
             let worker = kairos::worker::Worker::builder(&cfg)
                 .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
+        }
+        Command::Stats { json } => {
+            let c = cfg.clone();
+            let figures = tokio::task::spawn_blocking(move || kairos::overview::topics(&c)).await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&figures)?);
+            } else {
+                println!(
+                    "{:<12} {:<40} {:>10} {:>10}  group",
+                    "role", "topic", "records", "lag"
+                );
+                for f in &figures {
+                    let lag = f.lag.map_or("-".into(), |l| l.to_string());
+                    let group = f.group.as_deref().unwrap_or("-");
+                    println!(
+                        "{:<12} {:<40} {:>10} {lag:>10}  {group}",
+                        f.role, f.topic, f.records
+                    );
+                }
+            }
         }
         Command::Dlq {
             command: DlqCommand::List { filter, json },

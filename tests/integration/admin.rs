@@ -2,6 +2,7 @@
 //! 127.0.0.1: `/metrics` counts what the services did (checked against
 //! their own counters and the jobs written), `/status` says the same as
 //! JSON, `/healthz` and `/readyz` answer; and a token, when set, is required.
+//! `kairos stats` shows each topic's records and its consumer group's lag.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -218,4 +219,60 @@ fn an_endpoint_bound_beyond_loopback_needs_a_token() {
     assert!(err.to_string().contains("worker.admin.token"), "{err}");
     cfg.worker.admin.listen = Some("[::1]:9465".parse().unwrap());
     cfg.validate().expect("loopback needs none");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kairos_stats_shows_each_topics_records_and_its_groups_lag() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    for i in 0..12 {
+        producer
+            .enqueue(Job::new(&work, format!("k{i}"), b"x".to_vec()))
+            .await
+            .unwrap();
+    }
+    let figures = |cfg: &kairos::Config| {
+        let cfg = cfg.clone();
+        move || kairos::overview::topics(&cfg).unwrap()
+    };
+    // No worker yet: all 12 wait.
+    let file = dir.path().join("kairos.toml");
+    std::fs::write(&file, toml::to_string(&cfg).unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["--config", file.to_str().unwrap(), "stats", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let by_role = |role: &str| {
+        shown
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["role"] == role)
+            .unwrap_or_else(|| panic!("no {role} topic in {shown}"))
+            .clone()
+    };
+    assert_eq!(by_role("work")["records"], 12);
+    assert_eq!(by_role("work")["lag"], 12);
+    assert_eq!(by_role("work")["group"], cfg.worker.group_id.as_str());
+    assert_eq!(by_role("schedule")["records"], 0);
+    assert_eq!(by_role("dead-letter")["records"], 0);
+    assert!(by_role("dead-letter")["lag"].is_null());
+    // A worker runs them; the lag drops to 0 once its offsets are committed.
+    let system = crate::common::system::run(&cfg, false, |_job: Job, _ctx| async { Outcome::done() });
+    wait_for("12 jobs done", T, || {
+        (system.worker.stats().succeeded == 12).then_some(())
+    });
+    let read = figures(&cfg);
+    wait_for("the work topic's lag to reach 0", T, || {
+        let f = read();
+        let w = f.iter().find(|t| t.role == "work").unwrap();
+        (w.lag == Some(0) && w.records == 12).then_some(())
+    });
+    system.stop().await;
 }
