@@ -420,6 +420,19 @@ pub async fn run(
             first.reason
         );
     }
+    // And what `kairos stats` shows.
+    let c = cfg.clone();
+    let figures = tokio::task::spawn_blocking(move || crate::overview::topics(&c))
+        .await
+        .map_err(failed)?
+        .map_err(failed)?;
+    for f in figures {
+        let lag = f.lag.map_or(String::new(), |l| format!(", {l} behind its group"));
+        println!(
+            "stats      {} {}: {} records{lag} (kairos stats)",
+            f.role, f.topic, f.records
+        );
+    }
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
     sched_task.await.map_err(failed)?.map_err(failed)?;
