@@ -83,3 +83,22 @@ pub async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, 
         .map(|(j, r)| (r.expect("enqueue"), j.run_at.timestamp_millis()))
         .collect()
 }
+
+/// Run the `kairos` binary with `cfg` written to a file in `dir`, and read
+/// what it prints as JSON (the command must succeed).
+pub fn kairos_json(cfg: &Config, dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let file = dir.join("kairos.toml");
+    std::fs::write(&file, toml::to_string(cfg).expect("config as TOML")).expect("config file");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .arg("--config")
+        .arg(&file)
+        .args(args)
+        .output()
+        .expect("run kairos");
+    assert!(
+        out.status.success(),
+        "kairos {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("kairos printed JSON")
+}

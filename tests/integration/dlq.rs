@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::system::{config, run};
+use crate::common::system::{config, kairos_json, run};
 use crate::common::{wait_for, Broker};
 use kairos::dlq::{self, Filter};
 use kairos::worker::Outcome;
@@ -16,6 +16,15 @@ use kairos::{Job, JobId, Producer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 
 const T: Duration = Duration::from_secs(30);
+
+/// What `dlq::list` finds for `filter` (read off the runtime's threads).
+async fn dead_letters(cfg: &kairos::Config, filter: Filter) -> Vec<dlq::DeadEntry> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || dlq::list(&cfg, &filter))
+        .await
+        .unwrap()
+        .expect("list the dead-letter topic")
+}
 
 /// A replayed run: its attempt and its `trace-id` header.
 type Ran = (u32, Option<Vec<u8>>);
@@ -68,13 +77,7 @@ async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic
     system.stop().await;
 
     // List: all four, the jobs with their ids, the other with why.
-    let all = tokio::task::spawn_blocking({
-        let cfg = cfg.clone();
-        move || dlq::list(&cfg, &Filter::default())
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let all = dead_letters(&cfg, Filter::default()).await;
     assert_eq!(all.len(), 4, "{all:#?}");
     let listed: HashSet<JobId> = all.iter().filter_map(|e| e.job.as_ref().map(|j| j.id)).collect();
     assert_eq!(listed, dead_ids);
@@ -93,32 +96,17 @@ async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic
         reason: Some("bad input".into()),
         ..Filter::default()
     };
-    let cfg2 = cfg.clone();
-    let only = tokio::task::spawn_blocking(move || dlq::list(&cfg2, &refused))
-        .await
-        .unwrap()
-        .unwrap();
+    let only = dead_letters(&cfg, refused).await;
     assert_eq!(only.len(), 3);
     let elsewhere = Filter {
         origin_topic: Some("some.other.topic".into()),
         ..Filter::default()
     };
-    let cfg2 = cfg.clone();
-    let none = tokio::task::spawn_blocking(move || dlq::list(&cfg2, &elsewhere))
-        .await
-        .unwrap()
-        .unwrap();
+    let none = dead_letters(&cfg, elsewhere).await;
     assert!(none.is_empty());
 
     // The command line says the same, as JSON.
-    let file = dir.path().join("kairos.toml");
-    std::fs::write(&file, toml::to_string(&cfg).unwrap()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
-        .args(["--config", file.to_str().unwrap(), "dlq", "list", "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let listed = kairos_json(&cfg, dir.path(), &["dlq", "list", "--json"]);
     assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
 
     // Replay everything: the three jobs go back; the record that never was
