@@ -21,7 +21,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -90,10 +90,10 @@ impl Admin {
             token: self.token,
         });
         let app = Router::new()
-            .route("/metrics", get(metrics_page))
-            .route("/healthz", get(|| async { "ok\n" }))
-            .route("/readyz", get(readyz))
-            .route("/status", get(status))
+            .route("/metrics", routing::get(metrics_page))
+            .route("/healthz", routing::get(|| async { "ok\n" }))
+            .route("/readyz", routing::get(readyz))
+            .route("/status", routing::get(status))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             .with_state(state);
         let listener = self.listener;
@@ -114,6 +114,29 @@ impl Admin {
             }
         })
     }
+}
+
+/// `GET path` from an admin endpoint, with the bearer token if one is
+/// given: the status code and the body. A minimal HTTP/1.1 client for the
+/// command line, the demo and tests (one request per connection).
+pub fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
+    use std::io::{Error, ErrorKind, Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| Error::new(ErrorKind::InvalidData, format!("not an HTTP response: {raw:?}")))?;
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    Ok((status, body))
 }
 
 struct Served {

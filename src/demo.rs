@@ -381,7 +381,7 @@ pub async fn run(
     ];
     for (addr, prefix) in scraped {
         let Some(addr) = addr else { continue };
-        let text = tokio::task::spawn_blocking(move || scrape(addr, "/metrics"))
+        let (_, text) = tokio::task::spawn_blocking(move || crate::admin::get(addr, "/metrics", None))
             .await
             .map_err(failed)?
             .map_err(failed)?;
@@ -481,18 +481,4 @@ pub async fn run(
         ));
     }
     Ok(s)
-}
-
-/// `GET path` from a local admin endpoint: the response body.
-fn scrape(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    Ok(raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string())
 }

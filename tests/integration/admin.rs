@@ -4,7 +4,6 @@
 //! JSON, `/healthz` and `/readyz` answer; and a token, when set, is required.
 //! `kairos stats` shows each topic's records and its consumer group's lag.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,23 +22,7 @@ const T: Duration = Duration::from_secs(30);
 
 /// `GET path` with an optional bearer token: (status, body).
 fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the admin endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read the response");
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-    (status, body)
+    kairos::admin::get(addr, path, token).expect("GET from the admin endpoint")
 }
 
 /// The value of the sample `name` (a whole line's first field) in metrics text.
