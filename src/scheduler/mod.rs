@@ -46,7 +46,6 @@
 
 pub(crate) mod caught_up;
 pub(crate) mod changelog;
-pub(crate) mod direct;
 pub(crate) mod instance;
 mod service;
 // Not part of the API: public (and hidden from the docs) for the benchmarks,

@@ -27,7 +27,9 @@
 
 mod apply;
 mod applying;
+mod direct;
 mod dispatch;
+mod draining;
 mod finish;
 mod firing;
 mod ingest;
@@ -56,9 +58,9 @@ use crate::hash::HashMap;
 use crate::kafka;
 use crate::scheduler::caught_up::CaughtUp;
 use crate::scheduler::changelog;
-use crate::scheduler::direct::DirectOffsets;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
+use direct::DirectOffsets;
 use dispatch::dispatch_loop;
 use firing::Firing;
 use probe::probe_loop;
@@ -176,6 +178,8 @@ struct Shared {
     probe_inbox: Mutex<Option<Receiver<()>>>,
     /// Batches of schedule records read and not yet applied.
     applying: applying::Applying,
+    /// The partitions store writes may touch (not those let go).
+    owned: draining::Owned,
     /// Fire due jobs without waiting for their partition to be read up to
     /// their run-at (benchmarks measure the rule's cost against this).
     fire_unread: std::sync::atomic::AtomicBool,
@@ -306,6 +310,7 @@ impl Scheduler {
                 probe_inbox: Mutex::new(Some(probe_inbox)),
                 fire_unread: std::sync::atomic::AtomicBool::new(false),
                 applying: applying::Applying::default(),
+                owned: draining::Owned::default(),
                 stats: Stats::default(),
             }),
         })

@@ -14,7 +14,7 @@
 //! lock, and merged back ([`TimerWheel::finish_refill`]) together with the
 //! changes followed meanwhile (`scheduler/refill.rs` does the three steps).
 //!
-//! *Direct* jobs (see `scheduler/direct.rs`) are due jobs that are not
+//! *Direct* jobs (see `scheduler/service/direct.rs`) are due jobs that are not
 //! in the store: they enter only where the window already mirrors the store
 //! (so they fire in order with stored jobs), at most half the capacity of
 //! them, and they are never dropped to make room.
@@ -79,8 +79,12 @@ pub struct TimerWheel {
     span_ms: i64,
     /// Most jobs held in memory.
     capacity: usize,
-    /// Entries that are direct jobs (not in the store).
-    direct: HashSet<DueKey>,
+    /// Entries that are direct jobs (not in the store), with when (clock
+    /// ms) each entered.
+    direct: HashMap<DueKey, i64>,
+    /// Partitions whose direct jobs are being persisted: none of their jobs
+    /// is taken meanwhile, so firing order holds.
+    persisting: HashSet<i32>,
     /// The same, by partition and job id.
     direct_ids: HashMap<(i32, JobId), DueKey>,
     /// Jobs taken for firing and not yet finished.
@@ -113,7 +117,8 @@ impl TimerWheel {
             horizons: HashMap::default(),
             span_ms: span_ms.max(1),
             capacity: capacity.max(1),
-            direct: HashSet::default(),
+            direct: HashMap::default(),
+            persisting: HashSet::default(),
             direct_ids: HashMap::default(),
             firing: HashSet::default(),
             changing: HashMap::default(),
@@ -131,9 +136,10 @@ impl TimerWheel {
     /// Stop tracking `partition` and drop its jobs from memory.
     pub fn remove_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
+        self.persisting.remove(&partition);
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
-        self.direct.retain(|k| k.partition != partition);
+        self.direct.retain(|k, _| k.partition != partition);
         self.direct_ids.retain(|(p, _), _| *p != partition);
         self.changing.retain(|(p, _), _| *p != partition);
     }
@@ -150,18 +156,44 @@ impl TimerWheel {
         matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k))
     }
 
-    /// Add a direct job, if [`TimerWheel::may_add_direct`] allows it; a job
-    /// refused comes back.
+    /// Add a direct job at `now_ms`, if [`TimerWheel::may_add_direct`]
+    /// allows it; a job refused comes back.
     #[must_use = "a refused job must go the durable way"]
-    pub fn add_direct(&mut self, k: DueKey, job: StoredJob) -> Option<StoredJob> {
+    pub fn add_direct(&mut self, k: DueKey, job: StoredJob, now_ms: i64) -> Option<StoredJob> {
         if !self.may_add_direct(&k) {
             return Some(job);
         }
         self.direct_ids.insert((k.partition, job.job.id), k);
         self.entries.insert(k, job);
-        self.direct.insert(k);
+        self.direct.insert(k, now_ms);
         self.shrink();
         None
+    }
+
+    /// The direct jobs in the window since before `before_ms` (not taken
+    /// for firing), copied; their partitions are held (no job of theirs is
+    /// taken) until [`TimerWheel::persisted`]: they are about to be
+    /// persisted, so they stop holding their partition's commit.
+    pub fn persist_direct_older(&mut self, before_ms: i64) -> Vec<(DueKey, StoredJob)> {
+        let mut out: Vec<(DueKey, StoredJob)> = self
+            .direct
+            .iter()
+            .filter(|(_, since)| **since < before_ms)
+            .filter_map(|(k, _)| self.entries.get(k).map(|j| (*k, j.clone())))
+            .collect();
+        out.sort_unstable_by_key(|(k, _)| *k);
+        self.persisting.extend(out.iter().map(|(k, _)| k.partition));
+        out
+    }
+
+    /// The jobs of [`TimerWheel::persist_direct_older`] are persisted:
+    /// they are stored jobs now, and their partitions fire again.
+    pub fn persisted(&mut self, jobs: &[(DueKey, StoredJob)]) {
+        for (k, j) in jobs {
+            self.direct.remove(k);
+            self.direct_ids.remove(&(k.partition, j.job.id));
+            self.persisting.remove(&k.partition);
+        }
     }
 
     /// Whether job `id` of `partition` is being fired.
@@ -206,17 +238,17 @@ impl TimerWheel {
         }
     }
 
-    /// Which of `due` (just taken) are direct jobs; they stop counting as
-    /// direct entries until put back.
-    pub fn take_direct(&mut self, due: &[(DueKey, StoredJob)]) -> HashSet<DueKey> {
+    /// Which of `due` (just taken) are direct jobs, with when each entered;
+    /// they stop counting as direct entries until put back.
+    pub fn take_direct(&mut self, due: &[(DueKey, StoredJob)]) -> HashMap<DueKey, i64> {
         if self.direct.is_empty() {
-            return HashSet::default();
+            return HashMap::default();
         }
-        let mut taken = HashSet::with_capacity_and_hasher(due.len(), Default::default());
+        let mut taken = HashMap::with_capacity_and_hasher(due.len(), Default::default());
         for (k, j) in due {
-            if self.direct.remove(k) {
+            if let Some(since) = self.direct.remove(k) {
                 self.direct_ids.remove(&(k.partition, j.job.id));
-                taken.insert(*k);
+                taken.insert(*k, since);
             }
         }
         taken
@@ -286,7 +318,7 @@ impl TimerWheel {
                 .entries
                 .keys()
                 .rev()
-                .find(|k| !self.direct.contains(k))
+                .find(|k| !self.direct.contains_key(k))
                 .copied()
             else {
                 break;
@@ -350,6 +382,7 @@ impl TimerWheel {
                 skipped = true;
             } else if !self.mirrors(k)
                 || (!self.changing.is_empty() && self.changing.contains_key(&(k.partition, j.job.id)))
+                || (!self.persisting.is_empty() && self.persisting.contains(&k.partition))
             {
                 skipped = true;
             } else {
@@ -378,12 +411,12 @@ impl TimerWheel {
 
     /// Put back jobs that could not be fired (their partition still owned);
     /// those in `direct` are direct jobs again.
-    pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashSet<DueKey>) {
+    pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashMap<DueKey, i64>) {
         self.fired(&jobs);
         for (k, j) in jobs {
             if self.owns(k.partition) {
-                if direct.contains(&k) {
-                    self.direct.insert(k);
+                if let Some(since) = direct.get(&k) {
+                    self.direct.insert(k, *since);
                     self.direct_ids.insert((k.partition, j.job.id), k);
                 }
                 self.entries.insert(k, j);

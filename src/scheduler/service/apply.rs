@@ -4,17 +4,19 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::{debug, info};
 
+use super::applying::Next;
+use super::direct;
 use super::ingest::{Claim, ReadBatch};
 use super::persist::persist;
 use super::{SchedulerError, Shared};
 
 use crate::hash::HashMap;
 use crate::job::JobId;
-use crate::scheduler::direct::DirectOffsets;
-use crate::scheduler::store::{Change, DueKey, StoreError};
+use crate::scheduler::store::{Change, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::wire::{self, Command};
 
@@ -95,17 +97,32 @@ pub(super) struct Named {
     pub(super) claim: Claim,
 }
 
-/// Apply the batches read, in order. After a failure (the scheduler is then
+/// Apply the batches read, in order, and between them hand direct jobs
+/// held too long over to the store. After a failure (the scheduler is then
 /// stopping) the rest are only taken off.
 pub(super) fn apply_loop(shared: &Arc<Shared>) {
     let mut spare: Vec<PartitionBatch> = Vec::new();
     let mut failed = false;
-    while let Some(batch) = shared.applying.take() {
-        if !failed {
-            if let Err(e) = apply_batch(shared, batch, &mut spare) {
-                shared.fail(e.to_string());
-                failed = true;
+    let every = direct::HOLD_AT_MOST / 4;
+    let mut handed_over = Instant::now();
+    loop {
+        let next = shared.applying.take_within(every);
+        let result = match next {
+            Next::Closed => break,
+            Next::Batch(_) | Next::Idle if failed => continue,
+            Next::Batch(batch) => apply_batch(shared, batch, &mut spare),
+            Next::Idle => Ok(()),
+        };
+        let result = result.and_then(|()| {
+            if handed_over.elapsed() >= every {
+                handed_over = Instant::now();
+                direct::hand_over_old(shared)?;
             }
+            Ok(())
+        });
+        if let Err(e) = result {
+            shared.fail(e.to_string());
+            failed = true;
         }
     }
 }
@@ -227,42 +244,15 @@ pub(super) fn apply_batch(
         }
     }
     for (p, pb) in parts.iter_mut() {
-        pick_direct(shared, *p, pb)?;
+        direct::pick(shared, *p, pb)?;
     }
-    {
-        let held = shared.direct();
-        for (p, pb) in parts.iter_mut() {
-            if !pb.changes.is_empty() {
-                // A partition with no entry yet (just assigned) still has
-                // this batch's direct jobs to hold the frontier back.
-                let holding = pb.direct.iter().map(|s| s.seq as i64);
-                let first =
-                    DirectOffsets::first_unhandled_of(held.get(p), pb.last_offset, holding, &pb.released());
-                debug!(
-                    partition = *p,
-                    schedule_next = first,
-                    last_offset = pb.last_offset,
-                    "schedule frontier"
-                );
-                pb.schedule_next = Some(first);
-            }
-        }
-    }
+    direct::frontier(shared, &mut parts);
     let applied = persist(shared, &parts, &b.dead)?;
     shared
         .stats
         .dead_lettered
         .fetch_add(b.dead.len() as u64, Ordering::Relaxed);
-    // Direct jobs hold their offsets before the dispatcher can see them.
-    {
-        let mut direct = shared.direct();
-        for (p, pb) in &parts {
-            let d = direct.entry(*p).or_default();
-            for s in &pb.direct {
-                d.hold(s.seq as i64);
-            }
-        }
-    }
+    direct::hold(shared, &parts);
     // Stored jobs and direct jobs enter the window together, so the
     // dispatcher sees them in one run-at order; the jobs the batch held may
     // be fired again.
@@ -270,18 +260,7 @@ pub(super) fn apply_batch(
     {
         let mut w = shared.wheel();
         w.follow(&applied);
-        for (p, pb) in parts.iter_mut() {
-            for s in pb.direct.drain(..) {
-                let k = DueKey::of(*p, &s);
-                let (id, offset) = (s.job.id, s.seq);
-                match w.add_direct(k, s) {
-                    None => {
-                        debug!(job_id = %id, partition = p, offset, "due on arrival: firing from memory")
-                    }
-                    Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
-                }
-            }
-        }
+        direct::enter(&mut w, &mut parts, now.timestamp_millis(), &mut fallback);
         w.changed(
             b.named
                 .iter()
@@ -296,74 +275,11 @@ pub(super) fn apply_batch(
         shared.wake.notify_one();
     }
     // Only now may the offsets be committed (the read thread stores them).
-    {
-        let mut direct = shared.direct();
-        for (p, pb) in &parts {
-            let d = direct.entry(*p).or_default();
-            for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
-                if let Change::Put(s) = c {
-                    d.release(s.seq as i64);
-                }
-            }
-            for offset in pb.released() {
-                d.release(offset);
-            }
-            d.ingested(pb.last_offset);
-        }
-    }
+    direct::settle_batch(shared, &parts, &fallback);
     shared.stats.ingested.fetch_add(b.read, Ordering::Relaxed);
     spare.extend(parts.into_values().map(|mut pb| {
         pb.clear();
         pb
     }));
-    Ok(())
-}
-
-/// Take out of `pb` the jobs that can fire straight from memory: due on
-/// arrival, named by no other record of the batch (nor replacing a direct
-/// job), not pending under their
-/// id (a replace must delete the old job durably), and where the window
-/// mirrors the partition up to them (so they fire in order with stored jobs).
-pub(super) fn pick_direct(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
-    // (index in `changes`, job id) of the candidates.
-    let candidates: Vec<(usize, JobId)> = {
-        let w = shared.wheel();
-        pb.due_puts
-            .iter()
-            .filter_map(|&i| match &pb.changes[i] {
-                Change::Put(s)
-                    if pb
-                        .ids
-                        .get(&s.job.id)
-                        .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
-                        && w.may_add_direct(&DueKey::of(p, s)) =>
-                {
-                    Some((i, s.job.id))
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    if candidates.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<JobId> = candidates.iter().map(|(_, id)| *id).collect();
-    let pending = shared.store.pending_ids(p, &ids)?;
-    // Indexes ascending, as `due_puts`.
-    let mut picked = candidates
-        .into_iter()
-        .filter(|(_, id)| !pending.contains(id))
-        .map(|(i, _)| i)
-        .peekable();
-    let mut all = std::mem::take(&mut pb.changes);
-    for (i, c) in all.drain(..).enumerate() {
-        match c {
-            Change::Put(s) if picked.next_if_eq(&i).is_some() => pb.direct.push(s),
-            c => pb.changes.push(c),
-        }
-    }
-    if pb.changes.is_empty() {
-        pb.changes = all; // keep the allocation when every job went direct
-    }
     Ok(())
 }

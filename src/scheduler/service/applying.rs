@@ -2,9 +2,19 @@
 //! not yet applied, merged while the apply thread is busy.
 
 use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::ingest::ReadBatch;
+
+/// What the apply thread gets from [`Applying::take_within`].
+pub(super) enum Next {
+    /// A batch to apply.
+    Batch(ReadBatch),
+    /// None came within the time given.
+    Idle,
+    /// No more batches come (closed and drained).
+    Closed,
+}
 
 /// Records read and not yet applied, merged into one batch while the apply
 /// thread is busy (so reading never waits for a batch to be persisted, and
@@ -45,8 +55,9 @@ impl Applying {
         self.changed.notify_all();
     }
 
-    /// The next batch to apply (`None` once closed and drained).
-    pub(super) fn take(&self) -> Option<ReadBatch> {
+    /// The next batch to apply, waiting at most `wait` for one.
+    pub(super) fn take_within(&self, wait: Duration) -> Next {
+        let deadline = Instant::now() + wait;
         let mut q = self.lock();
         q.busy = false;
         self.changed.notify_all();
@@ -54,12 +65,20 @@ impl Applying {
             if let Some(b) = q.waiting.take() {
                 q.busy = true;
                 self.changed.notify_all();
-                return Some(b);
+                return Next::Batch(b);
             }
             if q.closed {
-                return None;
+                return Next::Closed;
             }
-            q = self.changed.wait(q).unwrap_or_else(|e| e.into_inner());
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Next::Idle;
+            }
+            q = self
+                .changed
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 

@@ -110,8 +110,9 @@ pub(super) struct Round {
     pub(super) now_ms: i64,
     /// Jobs due, in run-at order, at most a fire batch.
     pub(super) due: Vec<(DueKey, StoredJob)>,
-    /// Which of `due` are direct jobs (not in the store, nor the changelog).
-    pub(super) direct: HashSet<DueKey>,
+    /// Which of `due` are direct jobs (not in the store, nor the
+    /// changelog), with when each entered the window.
+    pub(super) direct: HashMap<DueKey, i64>,
     /// The partitions of `due`.
     pub(super) parts: HashSet<i32>,
     /// When something next comes due or the window needs a refill.
@@ -214,8 +215,9 @@ impl Holding {
 /// Due jobs handed to librdkafka, waiting for the finisher.
 pub(super) struct FireBatch {
     pub(super) due: Vec<(DueKey, StoredJob)>,
-    /// Which of `due` are direct jobs (not in the store, nor the changelog).
-    pub(super) direct: HashSet<DueKey>,
+    /// Which of `due` are direct jobs (not in the store, nor the
+    /// changelog), with when each entered the window.
+    pub(super) direct: HashMap<DueKey, i64>,
     pub(super) writes: FireWrites,
     /// The partitions of `due`, each counted once in [`super::Firing`].
     pub(super) parts: HashSet<i32>,

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::dispatch::{FireBatch, FireWrites};
-use super::{blocking_store, Shared};
+use super::persist::owned_or_log;
+use super::{blocking_store, direct, Shared};
 
 use crate::hash::{HashMap, HashSet};
 use crate::scheduler::changelog;
@@ -37,7 +38,7 @@ pub(super) async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mps
         }
         let mut parts: Vec<HashSet<i32>> = Vec::with_capacity(batches.len());
         let mut due = Vec::with_capacity(jobs);
-        let mut direct = HashSet::default();
+        let mut direct = HashMap::default();
         let mut writes: FireWrites = Vec::with_capacity(jobs);
         for b in batches {
             due.extend(b.due);
@@ -72,7 +73,7 @@ pub(super) struct Fired {
 pub(super) async fn finish_fire(
     shared: &Arc<Shared>,
     due: Vec<(DueKey, StoredJob)>,
-    direct: HashSet<DueKey>,
+    direct: HashMap<DueKey, i64>,
     writes: FireWrites,
 ) -> Result<(), StoreError> {
     let cfg = &shared.cfg;
@@ -130,23 +131,11 @@ pub(super) async fn finish_fire(
         }
     }
     // Direct jobs: nothing stored; their schedule offsets may now be committed.
-    if !direct.is_empty() {
-        let mut offsets = shared.direct();
-        let before = done.len();
-        done.retain(|(k, _)| {
-            if !direct.contains(k) {
-                return true;
-            }
-            if let Some(d) = offsets.get_mut(&k.partition) {
-                d.release(k.seq as i64);
-            }
-            false
-        });
-        shared
-            .stats
-            .fired_direct
-            .fetch_add((before - done.len()) as u64, Ordering::Relaxed);
-    }
+    let fired_direct = direct::fired(shared, &mut done, &direct);
+    shared
+        .stats
+        .fired_direct
+        .fetch_add(fired_direct, Ordering::Relaxed);
     // Tombstones, then the store.
     let mut by_part: HashMap<i32, Fired> = HashMap::default();
     for (k, s) in &done {
@@ -157,20 +146,10 @@ pub(super) async fn finish_fire(
     }
     // How far each partition is handled, with the direct jobs just fired:
     // after its tombstones, so a new owner skips what fired here.
-    {
-        let offsets = shared.direct();
-        for (p, f) in by_part.iter_mut() {
-            if let Some(d) = offsets.get(p) {
-                let next = d.safe() + 1;
-                debug!(
-                    partition = *p,
-                    schedule_next = next,
-                    "schedule frontier after fires"
-                );
-                f.schedule_next = Some(next);
-                f.tombs
-                    .push(changelog::schedule_next_record(&cfg.topics.changelog, next));
-            }
+    for (p, f) in by_part.iter_mut() {
+        if let Some((next, record)) = direct::frontier_after_fires(shared, *p, &cfg.topics.changelog) {
+            f.schedule_next = Some(next);
+            f.tombs.push(record);
         }
     }
     // One list of (partition, record), so that each acknowledgement is read
@@ -203,8 +182,10 @@ pub(super) async fn finish_fire(
         Vec::new()
     } else {
         blocking_store(shared, "store delete", move |s| {
+            let owned = s.owned.read();
             let writes: Vec<PartitionWrite> = by_part
                 .iter()
+                .filter(|(p, _)| owned_or_log(&owned, **p))
                 .map(|(p, f)| PartitionWrite {
                     changelog_next: (f.changelog_next > 0).then_some(f.changelog_next),
                     schedule_next: f.schedule_next,

@@ -27,9 +27,9 @@ use tracing::{debug, info, warn};
 use super::apply::apply_loop;
 use super::{stats, Ctx, SchedulerError, Shared};
 
+use super::direct::DirectOffsets;
 use crate::hash::HashMap;
 use crate::job::JobId;
-use crate::scheduler::direct::DirectOffsets;
 use crate::scheduler::stored::StoredJob;
 use crate::wire::{Command, Context, DeadLetter, OwnedRecord, RecordView};
 use crate::{kafka, wire};

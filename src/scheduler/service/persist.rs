@@ -47,10 +47,13 @@ pub(super) fn persist(
             *e = (*e).max(d.offset + 1);
         }
     }
-    // 2. The store, flushed to disk (nothing to do for a batch of direct jobs).
+    // 2. The store, flushed to disk (nothing to do for a batch of direct
+    // jobs), for the partitions still owned (see `draining`).
+    let owned = shared.owned.read();
     let writes: Vec<PartitionWrite> = parts
         .iter()
         .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
+        .filter(|(p, _)| owned_or_log(&owned, **p))
         .map(|(p, pb)| PartitionWrite {
             changelog_next: changelog_next.get(p).copied(),
             schedule_next: pb.schedule_next,
@@ -63,6 +66,19 @@ pub(super) fn persist(
         shared.store.flush()?;
     }
     Ok(applied)
+}
+
+/// Whether `p` is among the `owned` partitions; logs a store write left out
+/// because its partition was let go meanwhile (past the revocation deadline).
+pub(super) fn owned_or_log(owned: &crate::hash::HashSet<i32>, p: i32) -> bool {
+    let ok = owned.contains(&p);
+    if !ok {
+        warn!(
+            partition = p,
+            "store write left out: the partition was let go meanwhile (its changelog records stand)"
+        );
+    }
+    ok
 }
 
 /// Send records and wait for every acknowledgement, retrying the failed ones

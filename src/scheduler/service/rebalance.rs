@@ -1,17 +1,16 @@
 //! Partition moves: the consumer context's rebalance callbacks (a revoked
-//! partition stops firing, waits for its fire and its batches, commits; an
-//! assigned one catches up with its changelog first) and where reading starts.
+//! partition is drained, see [`super::draining`]; an assigned one catches up
+//! with its changelog first) and where reading starts.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
+use super::draining::Draining;
 use super::upkeep::cascade_until;
 use super::{SchedulerError, Shared};
 
@@ -33,42 +32,7 @@ impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else { return };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-        {
-            let mut w = self.shared.wheel();
-            for p in &parts {
-                w.remove_partition(*p);
-            }
-        }
-        {
-            let mut gate = self.shared.caught_up();
-            for p in &parts {
-                gate.revoke(*p);
-            }
-        }
-        // Wait for a fire in flight from these partitions to finish.
-        let deadline = Instant::now() + self.shared.cfg.scheduler.revocation_deadline;
-        if !self.shared.firing.wait_idle(&parts, deadline) {
-            warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
-        }
-        // The batches read from these partitions are applied (their offsets
-        // may then be committed).
-        if !self.shared.applying.wait_idle(deadline) {
-            warn!(partitions = ?parts, "batches read still being applied at the deadline; their records will be read again");
-        }
-        // Direct jobs fired meanwhile release their offsets; those never
-        // fired are re-read by the next owner.
-        self.shared.store_offsets(consumer);
-        {
-            let mut direct = self.shared.direct();
-            for p in &parts {
-                direct.remove(p);
-            }
-        }
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => warn!(error = %e, "commit on revocation failed"),
-        }
-        info!(partitions = ?parts, "schedule partitions released");
+        Draining::start(&self.shared, parts).finish(consumer);
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -76,6 +40,7 @@ impl ConsumerContext for Ctx {
             Rebalance::Assign(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let started = Instant::now();
+                self.shared.owned.assign(&parts);
                 let stale = stale_partitions(&self.shared, &parts);
                 // Place the cascade points before the rebuild, so that the
                 // replayed jobs land at their final level at once.

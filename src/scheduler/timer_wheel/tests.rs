@@ -118,19 +118,19 @@ fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
     w.add_partition(0);
     let first = sj(0, 1);
     assert_eq!(
-        w.add_direct(key(0, 1), first.clone()),
+        w.add_direct(key(0, 1), first.clone(), 0),
         Some(first),
         "nothing mirrored yet"
     );
     refill(&mut w, &s, 0);
     assert!(
-        w.add_direct(key(20_000, 2), sj(20_000, 2)).is_some(),
+        w.add_direct(key(20_000, 2), sj(20_000, 2), 0).is_some(),
         "beyond the horizon"
     );
-    assert!(w.add_direct(key(0, 3), sj(0, 3)).is_none());
-    assert!(w.add_direct(key(5, 4), sj(5, 4)).is_none());
+    assert!(w.add_direct(key(0, 3), sj(0, 3), 0).is_none());
+    assert!(w.add_direct(key(5, 4), sj(5, 4), 0).is_none());
     assert!(
-        w.add_direct(key(6, 5), sj(6, 5)).is_some(),
+        w.add_direct(key(6, 5), sj(6, 5), 0).is_some(),
         "at most half the capacity"
     );
     // Stored jobs fill the rest; over capacity, stored ones make room.
@@ -150,7 +150,7 @@ fn direct_jobs_enter_only_where_mirrored_and_are_never_dropped_for_room() {
     assert_eq!(seqs(&second), vec![12, 4]);
     let due: Vec<(DueKey, StoredJob)> = first.into_iter().chain(second).collect();
     let direct = w.take_direct(&due);
-    assert_eq!(direct, HashSet::from_iter([key(0, 3), key(5, 4)]));
+    assert_eq!(direct, HashMap::from_iter([(key(0, 3), 0), (key(5, 4), 0)]));
     assert_eq!(w.direct_len(), 0);
     // A failed fire puts them back, direct again.
     w.put_back(due, &direct);
@@ -209,7 +209,7 @@ fn a_job_being_changed_is_not_taken_and_a_direct_job_can_be_taken_out() {
     let stored = w.entries.values().next().unwrap().job.id;
     w.changing(0, stored);
     let d = sj(50, 7);
-    assert!(w.add_direct(key(50, 7), d.clone()).is_none());
+    assert!(w.add_direct(key(50, 7), d.clone(), 0).is_none());
     let taken = w.take_direct_job(0, &d.job.id).expect("direct job taken out");
     assert_eq!(taken, (key(50, 7), d.clone()));
     assert!(w.take_direct_job(0, &d.job.id).is_none());
@@ -273,8 +273,8 @@ fn a_refill_of_a_partition_let_go_or_cut_back_meanwhile_is_dropped() {
     assert_eq!(w.len(), 3);
     let read = w.begin_refill(0, 5_000, 100_000).expect("room for one");
     let got = s.scan_due(0, read.after, read.until_ms, read.room).unwrap();
-    assert_eq!(w.add_direct(key(500, 9), sj(500, 9)), None);
-    assert_eq!(w.add_direct(key(600, 10), sj(600, 10)), None);
+    assert_eq!(w.add_direct(key(500, 9), sj(500, 9), 0), None);
+    assert_eq!(w.add_direct(key(600, 10), sj(600, 10), 0), None);
     assert_eq!(w.len(), 4, "e dropped for room");
     assert!(!w.finish_refill(read, got), "the horizon moved back meanwhile");
     assert_eq!(w.len(), 4);
@@ -294,5 +294,41 @@ fn the_window_stops_before_the_cascade_point() {
         read.until_ms,
         cascaded_to - 1,
         "jobs at or after it are not in the near range yet"
+    );
+}
+
+#[test]
+fn direct_jobs_held_too_long_are_handed_over_and_hold_their_partition_meanwhile() {
+    let (_d, s) = store();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    w.add_partition(1);
+    refill(&mut w, &s, 0);
+    assert!(w.add_direct(key(1, 1), sj(1, 1), 100).is_none());
+    assert!(w.add_direct(key(2, 2), sj(2, 2), 900).is_none());
+    let other = DueKey {
+        partition: 1,
+        ..key(3, 3)
+    };
+    assert!(w.add_direct(other, sj(3, 3), 100).is_none());
+    // Partition 1's job is taken for firing: not handed over.
+    let until = HashMap::from_iter([(1, i64::MAX)]);
+    let taken = w.take_due(10, 10, &until).jobs;
+    assert_eq!(taken.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![other]);
+    assert_eq!(w.take_direct(&taken).len(), 1);
+    let older = w.persist_direct_older(500);
+    assert_eq!(older.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![key(1, 1)]);
+    // Meanwhile none of partition 0's jobs is taken: the one entered at
+    // 900 ms would otherwise fire before the one being persisted.
+    assert!(take(&mut w, 10, 10).is_empty(), "partition 0 is held");
+    w.persisted(&older);
+    assert_eq!(w.direct_len(), 1, "only the job entered at 900 ms is direct");
+    assert!(w.persist_direct_older(500).is_empty());
+    let due = take(&mut w, 10, 10);
+    assert_eq!(due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(
+        w.take_direct(&due).len(),
+        1,
+        "the persisted job fires as a stored one"
     );
 }

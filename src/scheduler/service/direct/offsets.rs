@@ -1,13 +1,8 @@
-//! Offsets of jobs fired straight from memory.
-//!
-//! A job already due when it is ingested, not pending under its id and not
-//! touched again in its ingest batch, skips the store and the changelog: it
-//! goes into the window like any due job (so it fires in run-at order with
-//! the others) and is fired from there. Nothing but its schedule record holds
-//! it, so that record's offset may be committed only once the job's
-//! work-topic write was acknowledged. [`DirectOffsets`] tracks, per schedule
-//! partition, the offsets of such jobs still in flight and says how far the
-//! partition may be committed.
+//! Offsets of direct jobs: nothing but its schedule record holds such a
+//! job, so that record's offset may be committed only once the job's
+//! work-topic write was acknowledged (or the job was persisted after all).
+//! [`DirectOffsets`] tracks, per schedule partition, the offsets of direct
+//! jobs still in flight and says how far the partition may be committed.
 
 use std::collections::BTreeSet;
 

@@ -1,0 +1,112 @@
+//! Letting partitions go: which partitions this instance may still write
+//! store state for ([`Owned`]), and the steps of a revocation
+//! ([`Draining`]), each bounded by `scheduler.revocation_deadline`.
+//!
+//! A revoked partition leaves the window and the catch-up gate first (no
+//! new fire starts), then the revocation waits for the fires in flight from
+//! it and for the batches read from it to be applied, and only then lets
+//! the partition go: from then on no store write of this instance touches
+//! it. A fire or a batch that outlives the deadline still writes its
+//! changelog records (the next owner reads them), but not the store: its
+//! checkpoint would otherwise move past changelog records the next owner
+//! writes meanwhile, and a later catch-up of this store would skip them.
+
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Instant;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use tracing::{info, warn};
+
+use super::rebalance::Ctx;
+use super::Shared;
+
+use crate::hash::HashSet;
+
+/// The partitions this instance owns, for store writers: a writer holds
+/// [`Owned::read`] across its store write and leaves out partitions not
+/// in it; a revocation waits for writes under way.
+#[derive(Default)]
+pub(super) struct Owned(RwLock<HashSet<i32>>);
+
+impl Owned {
+    /// `parts` were assigned (before their catch-up).
+    pub(super) fn assign(&self, parts: &[i32]) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).extend(parts);
+    }
+
+    /// `parts` are let go; returns once no store write holds them.
+    fn revoke(&self, parts: &[i32]) {
+        let mut owned = self.0.write().unwrap_or_else(|e| e.into_inner());
+        for p in parts {
+            owned.remove(p);
+        }
+    }
+
+    /// The owned partitions, held for the length of a store write.
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, HashSet<i32>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Partitions being revoked, and until when the revocation waits.
+pub(super) struct Draining {
+    shared: Arc<Shared>,
+    parts: Vec<i32>,
+    deadline: Instant,
+}
+
+impl Draining {
+    /// Stop firing from `parts`: they leave the window (their jobs in
+    /// memory are dropped) and the catch-up gate.
+    pub(super) fn start(shared: &Arc<Shared>, parts: Vec<i32>) -> Draining {
+        {
+            let mut w = shared.wheel();
+            for p in &parts {
+                w.remove_partition(*p);
+            }
+        }
+        {
+            let mut gate = shared.caught_up();
+            for p in &parts {
+                gate.revoke(*p);
+            }
+        }
+        Draining {
+            deadline: Instant::now() + shared.cfg.scheduler.revocation_deadline,
+            shared: shared.clone(),
+            parts,
+        }
+    }
+
+    /// Wait for the fires in flight from the partitions, then for the
+    /// batches read to be applied (their offsets may then be committed);
+    /// let the partitions go; store and commit their offsets. Whatever
+    /// outlived the deadline is logged; its records are read again by the
+    /// next owner.
+    pub(super) fn finish(self, consumer: &BaseConsumer<Ctx>) {
+        let (shared, parts) = (&self.shared, &self.parts);
+        if !shared.firing.wait_idle(parts, self.deadline) {
+            warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
+        }
+        if !shared.applying.wait_idle(self.deadline) {
+            warn!(partitions = ?parts, "batches read still being applied at the deadline; their records will be read again");
+        }
+        shared.owned.revoke(parts);
+        // Direct jobs fired meanwhile release their offsets; those never
+        // fired are re-read by the next owner.
+        shared.store_offsets(consumer);
+        {
+            let mut direct = shared.direct();
+            for p in parts {
+                direct.remove(p);
+            }
+        }
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => warn!(error = %e, "commit on revocation failed"),
+        }
+        info!(partitions = ?parts, "schedule partitions released");
+    }
+}
