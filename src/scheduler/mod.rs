@@ -51,6 +51,8 @@ mod service;
 // Not part of the API: public (and hidden from the docs) for the benchmarks,
 // which measure the store and the window on their own.
 #[doc(hidden)]
+pub mod fair;
+#[doc(hidden)]
 pub mod refill;
 #[doc(hidden)]
 pub mod store;
