@@ -36,6 +36,12 @@ pub trait Source: Send + Sync + 'static {
     fn status(&self) -> serde_json::Value;
     /// Whether it can work now (answers `/readyz`).
     fn ready(&self) -> bool;
+    /// The pending job with this id, if this process holds it (answers
+    /// `/jobs/{id}`); an error for an id that cannot be one.
+    fn job(&self, id: &str) -> Result<Option<serde_json::Value>, String> {
+        let _ = id;
+        Ok(None)
+    }
 }
 
 /// Why the admin endpoint did not start.
@@ -94,6 +100,7 @@ impl Admin {
             .route("/healthz", routing::get(|| async { "ok\n" }))
             .route("/readyz", routing::get(readyz))
             .route("/status", routing::get(status))
+            .route("/jobs/{id}", routing::get(job))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             .with_state(state);
         let listener = self.listener;
@@ -105,7 +112,7 @@ impl Admin {
                     return;
                 }
             };
-            info!(%addr, "admin endpoint serving /metrics /healthz /readyz /status");
+            info!(%addr, "admin endpoint serving /metrics /healthz /readyz /status /jobs/ID");
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
@@ -171,8 +178,23 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Run `f` on the source off the runtime threads (it may read the store).
+async fn blocking<T: Send + 'static>(
+    s: &Arc<Served>,
+    f: impl FnOnce(&dyn Source) -> T + Send + 'static,
+) -> Result<T, Response> {
+    let source = s.source.clone();
+    tokio::task::spawn_blocking(move || f(&*source))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response())
+}
+
 async fn metrics_page(State(s): State<Arc<Served>>) -> Response {
-    match s.source.metrics().render() {
+    let rendered = match blocking(&s, |src| src.metrics().render()).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match rendered {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,
@@ -193,10 +215,31 @@ async fn readyz(State(s): State<Arc<Served>>) -> Response {
     }
 }
 
+fn json_response(code: StatusCode, v: &serde_json::Value) -> Response {
+    let body = serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    (code, [(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
 async fn status(State(s): State<Arc<Served>>) -> Response {
-    let body = serde_json::to_string_pretty(&s.source.status())
-        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+    match blocking(&s, |src| src.status()).await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(resp) => resp,
+    }
+}
+
+async fn job(State(s): State<Arc<Served>>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    let found = match blocking(&s, move |src| src.job(&id)).await {
+        Ok(f) => f,
+        Err(resp) => return resp,
+    };
+    match found {
+        Ok(Some(v)) => json_response(StatusCode::OK, &v),
+        Ok(None) => json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "no pending job with this id in the partitions this process owns"}),
+        ),
+        Err(e) => json_response(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": e })),
+    }
 }
 
 #[cfg(test)]

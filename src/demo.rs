@@ -22,6 +22,8 @@ use crate::scheduler::Scheduler;
 use crate::worker::{Outcome, Worker};
 use crate::{Job, JobId, Producer};
 
+mod operator;
+
 /// Options of the demo.
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -267,6 +269,9 @@ pub async fn run(
         moved.len(),
         MOVED_BY_MS / 1000
     );
+    if let (Some(addr), Some(example)) = (sched_admin, moved.keys().next()) {
+        operator::held(&cfg, &sched, addr, jobs.len() - jobs.len().div_ceil(5), *example).await?;
+    }
     println!(
         "{:<13} {:<9} {:<9} {:>7} {:>9}  outcome",
         "started", "key", "job", "attempt", "late"
@@ -374,65 +379,7 @@ pub async fn run(
         s.overlaps += intervals.windows(2).filter(|w| w[1].0 < w[0].1).count();
     }
     let ws = wh.stats();
-    // What an operator's Prometheus would scrape now.
-    let scraped = [
-        (sched_admin, "kairos_scheduler_"),
-        (worker_admin, "kairos_worker_"),
-    ];
-    for (addr, prefix) in scraped {
-        let Some(addr) = addr else { continue };
-        let (_, text) = tokio::task::spawn_blocking(move || crate::admin::get(addr, "/metrics", None))
-            .await
-            .map_err(failed)?
-            .map_err(failed)?;
-        let wanted = [
-            "fired_total",
-            "cancelled_total",
-            "fire_lateness_seconds_count",
-            "started_total",
-            "succeeded_total",
-            "retried_total",
-            "dead_lettered_total",
-            "start_delay_seconds_sum",
-        ];
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(prefix)
-                    .is_some_and(|r| wanted.iter().any(|w| r.starts_with(w)))
-            })
-            .collect();
-        println!("metrics    {}", lines.join("\n           "));
-    }
-    // What `kairos dlq list` shows an operator now.
-    let c = cfg.clone();
-    let dead = tokio::task::spawn_blocking(move || crate::dlq::list(&c, &crate::dlq::Filter::default()))
-        .await
-        .map_err(failed)?
-        .map_err(failed)?;
-    if let Some(first) = dead.first() {
-        println!(
-            "dead       {} in {} (kairos dlq list / kairos dlq replay), e.g. job {} key {}: {}",
-            dead.len(),
-            cfg.topics.dead_letter,
-            first.job_id.as_deref().unwrap_or("-"),
-            first.key.as_deref().unwrap_or("-"),
-            first.reason
-        );
-    }
-    // And what `kairos stats` shows.
-    let c = cfg.clone();
-    let figures = tokio::task::spawn_blocking(move || crate::overview::topics(&c))
-        .await
-        .map_err(failed)?
-        .map_err(failed)?;
-    for f in figures {
-        let lag = f.lag.map_or(String::new(), |l| format!(", {l} behind its group"));
-        println!(
-            "stats      {} {}: {} records{lag} (kairos stats)",
-            f.role, f.topic, f.records
-        );
-    }
+    operator::after_run(&cfg, sched_admin, worker_admin).await?;
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
     sched_task.await.map_err(failed)?.map_err(failed)?;

@@ -88,6 +88,22 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Scheduler admin endpoints to ask for the jobs they hold
+        /// (default: `[scheduler.admin] listen`).
+        #[arg(long = "admin")]
+        admin: Vec<std::net::SocketAddr>,
+    },
+    /// A pending job by id: run-at, topic, key, tenant, attempt, where it
+    /// is stored (asks the schedulers' admin endpoints).
+    Job {
+        /// The job id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Scheduler admin endpoints to ask (default: `[scheduler.admin] listen`).
+        #[arg(long = "admin")]
+        admin: Vec<std::net::SocketAddr>,
     },
     /// The dead-letter topic: list what is in it, replay dead jobs.
     Dlq {
@@ -181,6 +197,39 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+fn print_stats(figures: &[kairos::overview::TopicFigures], held: &kairos::overview::SchedulerFigures) {
+    println!(
+        "{:<12} {:<40} {:>10} {:>10}  group",
+        "role", "topic", "records", "lag"
+    );
+    for f in figures {
+        let lag = f.lag.map_or("-".into(), |l| l.to_string());
+        let group = f.group.as_deref().unwrap_or("-");
+        println!(
+            "{:<12} {:<40} {:>10} {lag:>10}  {group}",
+            f.role, f.topic, f.records
+        );
+    }
+    if held.asked.is_empty() {
+        println!(
+            "\njobs waiting in the scheduler: no admin endpoint known ([scheduler.admin] listen, or --admin)"
+        );
+        return;
+    }
+    println!(
+        "\njobs waiting in the scheduler: {} (asked {})",
+        held.pending,
+        held.asked.join(", ")
+    );
+    for span in kairos::overview::DUE_SPANS {
+        let n = held.pending_by_due.get(span).copied().unwrap_or(0);
+        println!("  due {span:<6} {n:>10}");
+    }
+    for u in &held.unreachable {
+        println!("  not answering: {u}");
+    }
+}
+
 fn parse_time(text: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     kairos::wire::parse_time(text).map_err(|p| anyhow::anyhow!("--at {p}"))
 }
@@ -256,23 +305,33 @@ async fn main() -> anyhow::Result<()> {
                 .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
         }
-        Command::Stats { json } => {
+        Command::Stats { json, admin } => {
             let c = cfg.clone();
             let figures = tokio::task::spawn_blocking(move || kairos::overview::topics(&c)).await??;
+            let c = cfg.clone();
+            let addrs = kairos::overview::admin_addrs(&cfg, &admin);
+            let held = tokio::task::spawn_blocking(move || kairos::overview::schedulers(&c, &addrs)).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&figures)?);
+                let out = serde_json::json!({"topics": figures, "scheduler": held});
+                println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                println!(
-                    "{:<12} {:<40} {:>10} {:>10}  group",
-                    "role", "topic", "records", "lag"
-                );
-                for f in &figures {
-                    let lag = f.lag.map_or("-".into(), |l| l.to_string());
-                    let group = f.group.as_deref().unwrap_or("-");
-                    println!(
-                        "{:<12} {:<40} {:>10} {lag:>10}  {group}",
-                        f.role, f.topic, f.records
-                    );
+                print_stats(&figures, &held);
+            }
+        }
+        Command::Job { id, json, admin } => {
+            let c = cfg.clone();
+            let addrs = kairos::overview::admin_addrs(&cfg, &admin);
+            let found =
+                tokio::task::spawn_blocking(move || kairos::overview::find_job(&c, &addrs, &id)).await??;
+            match found {
+                Some(job) if json => println!("{}", serde_json::to_string_pretty(&job)?),
+                Some(job) => {
+                    for (k, v) in job.as_object().into_iter().flatten() {
+                        println!("{k:<20} {}", v.as_str().map_or(v.to_string(), str::to_string));
+                    }
+                }
+                None => {
+                    anyhow::bail!("no pending job with this id (it ran, was cancelled, or never existed)")
                 }
             }
         }

@@ -4,7 +4,12 @@
 //! topic's scheduler group: records not yet ingested), and the dead-letter
 //! topic's size. Jobs waiting in the scheduler's store are not in these
 //! figures (the records cannot say which are still waiting): the
-//! scheduler's `/metrics` and `/status` give them ([`crate::admin`]).
+//! scheduler's `/metrics` and `/status` give them ([`crate::admin`]), and
+//! [`schedulers`] asks them.
+
+mod schedulers;
+
+pub use schedulers::{admin_addrs, find_job, schedulers, JobLookupError, SchedulerFigures, DUE_SPANS};
 
 use std::time::Duration;
 

@@ -2,7 +2,9 @@
 //! 127.0.0.1: `/metrics` counts what the services did (checked against
 //! their own counters and the jobs written), `/status` says the same as
 //! JSON, `/healthz` and `/readyz` answer; and a token, when set, is required.
-//! `kairos stats` shows each topic's records and its consumer group's lag.
+//! `kairos stats` shows each topic's records and its consumer group's lag,
+//! and the jobs the scheduler holds by when they come due; `kairos job ID`
+//! finds a pending job.
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -235,8 +237,12 @@ async fn kairos_stats_shows_each_topics_records_and_its_groups_lag() {
     };
     // No worker yet: all 12 wait.
     let shown = kairos_json(&cfg, dir.path(), &["stats", "--json"]);
+    assert!(
+        shown["scheduler"]["asked"].as_array().unwrap().is_empty(),
+        "no endpoint configured: {shown}"
+    );
     let by_role = |role: &str| {
-        shown
+        shown["topics"]
             .as_array()
             .unwrap()
             .iter()
@@ -262,4 +268,88 @@ async fn kairos_stats_shows_each_topics_records_and_its_groups_lag() {
         (w.lag == Some(0) && w.records == 12).then_some(())
     });
     system.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kairos_stats_counts_the_jobs_held_by_when_they_come_due_and_kairos_job_finds_one() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.scheduler.admin = local();
+    kairos::topics::init(&cfg).await.unwrap();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::builder(&cfg).build().unwrap();
+    let addr = scheduler.admin_addr().expect("endpoint bound");
+    let handle = scheduler.handle();
+    let st = stop.clone();
+    let task = tokio::spawn(scheduler.run_until(async move { st.cancelled().await }));
+    // No worker: 5 jobs within a minute, 7 within an hour, 3 within a day,
+    // 2 in a month; none comes due during the test, so nothing fires.
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let now = Utc::now();
+    let spans = [(45, 5), (1_800, 7), (40_000, 3), (30 * 86_400, 2)];
+    let mut jobs = Vec::new();
+    for (secs, n) in spans {
+        for i in 0..n {
+            jobs.push(
+                Job::new(&work, format!("k{secs}-{i}"), b"x".to_vec())
+                    .at(now + chrono::Duration::seconds(secs)),
+            );
+        }
+    }
+    let tenant_job = Job::new(&work, "acct-9", b"hello".to_vec())
+        .at(now + chrono::Duration::seconds(1_800))
+        .tenant("acme");
+    let id = tenant_job.id.to_string();
+    jobs.push(tenant_job);
+    enqueue_all(&producer, jobs).await;
+    wait_for("18 jobs pending", T, || {
+        (handle.stats().pending == 18).then_some(())
+    });
+
+    let mut file_cfg = cfg.clone();
+    file_cfg.scheduler.admin.listen = Some(addr);
+    let shown = kairos_json(&file_cfg, dir.path(), &["stats", "--json"]);
+    let held = &shown["scheduler"];
+    assert_eq!(held["asked"], serde_json::json!([addr.to_string()]), "{shown}");
+    assert_eq!(held["pending"], 18, "{shown}");
+    let due = |span: &str| {
+        held["pending_by_due"][span]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{span}: {shown}"))
+    };
+    // Near jobs count exactly; a far job counts at its store bucket's start,
+    // which may lie in an earlier span (the 30-minute ones before the
+    // minute is out), never a later one.
+    assert_eq!(due("now"), 0, "{shown}");
+    assert!(due("1m") >= 5, "{shown}");
+    assert_eq!(due("1m") + due("1h"), 13, "{shown}");
+    assert_eq!((due("1d"), due("later")), (3, 2), "{shown}");
+    let (_, text) = get(addr, "/metrics", None);
+    let metric = |span: &str| {
+        sample(
+            &text,
+            &format!("kairos_scheduler_pending_due_jobs{{due=\"{span}\"}}"),
+        )
+    };
+    assert_eq!(metric("1m") + metric("1h"), 13.0);
+    assert_eq!(metric("later"), 2.0);
+
+    let job = kairos_json(&file_cfg, dir.path(), &["job", &id, "--json"]);
+    assert_eq!(job["id"], id.as_str());
+    assert_eq!(job["key"], "acct-9");
+    assert_eq!(job["tenant"], "acme");
+    assert_eq!(job["topic"], work.as_str());
+    assert_eq!(job["attempt"], 1);
+    assert_eq!(job["payload_bytes"], 5);
+    let missing = kairos::JobId::new().to_string();
+    let (code, _) = get(addr, &format!("/jobs/{missing}"), None);
+    assert_eq!(code, 404);
+    let (code, body) = get(addr, "/jobs/not-an-id", None);
+    assert_eq!(code, 400, "{body}");
+    let err = kairos::overview::find_job(&file_cfg, &[addr], &missing).expect("asked");
+    assert!(err.is_none());
+    stop.cancel();
+    task.await.unwrap().unwrap();
 }

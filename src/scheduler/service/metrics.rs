@@ -4,6 +4,32 @@ use serde_json::json;
 
 use super::{stats, SchedulerHandle};
 use crate::admin::{Metrics, Source};
+use crate::job::JobId;
+
+/// The spans pending jobs are counted in by when they come due (label, end
+/// relative to now in ms; the last span, `later`, has no end).
+const DUE_SPANS: [(&str, i64); 4] = [("now", 1), ("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000)];
+
+/// Jobs pending in owned partitions by when they come due: already due
+/// (`now`), within a minute, an hour, a day, `later` (see
+/// [`crate::scheduler::store::Store::pending_by_due`] for how exact).
+pub(super) fn pending_by_due(h: &SchedulerHandle) -> Vec<(&'static str, u64)> {
+    let shared = &h.shared;
+    let now = shared.clock.now().timestamp_millis();
+    let edges: Vec<i64> = DUE_SPANS.iter().map(|(_, ms)| now.saturating_add(*ms)).collect();
+    let mut total = vec![0u64; edges.len() + 1];
+    for p in shared.wheel().partitions() {
+        if let Ok(counts) = shared.store.pending_by_due(p, &edges) {
+            total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+        }
+    }
+    DUE_SPANS
+        .iter()
+        .map(|(label, _)| *label)
+        .chain(["later"])
+        .zip(total)
+        .collect()
+}
 
 /// Per owned partition: (partition, jobs pending, ms the partition's read
 /// position is behind the clock: jobs due later than that wait for it;
@@ -51,6 +77,15 @@ impl Source for SchedulerHandle {
                  their run-at wins).",
             "partition",
             parts.iter().filter_map(|(p, _, b)| Some((p.to_string(), (*b)?))),
+        )
+        .gauge_by(
+            "kairos_scheduler_pending_due_jobs",
+            "Jobs pending in owned partitions by when they come due: already due (now), \
+                 within a minute, an hour, a day, or later.",
+            "due",
+            pending_by_due(self)
+                .into_iter()
+                .map(|(d, n)| (d.to_string(), n as i64)),
         )
         .gauge(
             "kairos_scheduler_window_jobs",
@@ -112,8 +147,34 @@ impl Source for SchedulerHandle {
             "ready": self.ready(),
             "stats": stats(&self.shared),
             "partitions": parts,
+            "pending_by_due": pending_by_due(self).into_iter().map(|(d, n)| (d.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "stopping": self.shared.stop.is_cancelled(),
         })
+    }
+
+    /// A pending job of an owned partition, as stored.
+    fn job(&self, id: &str) -> Result<Option<serde_json::Value>, String> {
+        let id: JobId = id.parse().map_err(|e| format!("{e}"))?;
+        let shared = &self.shared;
+        for p in shared.wheel().partitions() {
+            let found = shared.store.current(p, &id).map_err(|e| e.to_string())?;
+            if let Some(s) = found {
+                let j = &s.job;
+                return Ok(Some(json!({
+                    "id": j.id.to_string(),
+                    "schedule_partition": p,
+                    "schedule_offset": s.seq,
+                    "run_at": crate::wire::format_time(j.run_at),
+                    "topic": j.topic,
+                    "key": j.key_lossy(),
+                    "tenant": j.tenant,
+                    "attempt": j.attempt,
+                    "max_attempts": j.max_attempts,
+                    "payload_bytes": j.payload.len(),
+                })));
+            }
+        }
+        Ok(None)
     }
 
     /// Ready once it owns a partition (a partition is owned only after its

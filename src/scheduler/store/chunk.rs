@@ -138,6 +138,12 @@ pub(super) fn remove_chunk(
     Ok(())
 }
 
+/// How many jobs the chunk an entry points at holds, from its inline header.
+pub(super) fn entry_count(entry: &[u8]) -> Result<u32, CorruptJob> {
+    let h = entry_header(entry).get(..4).ok_or(CorruptJob("chunk header"))?;
+    Ok(u32::from_be_bytes(h.try_into().expect("4 bytes")))
+}
+
 /// The chunk header an entry carries (see [`inline_header`]).
 pub(super) fn entry_header(entry: &[u8]) -> &[u8] {
     entry.get(PTR_LEN..).unwrap_or_default()

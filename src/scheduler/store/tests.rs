@@ -484,3 +484,34 @@ fn value_log_segments_are_deleted_compacted_and_checked() {
     std::fs::remove_file(&path).unwrap();
     assert!(reopen(d.path()).is_err());
 }
+
+#[test]
+fn pending_jobs_are_counted_by_when_they_come_due_without_reading_them() {
+    let (_d, s) = open();
+    let now = 10_000_000_000;
+    cascade_to(&s, 0, now + 60_000);
+    let at = [
+        (now - 5_000, 3),           // due
+        (now + 30_000, 200),        // within a minute: near runs
+        (now + 1_800_000, 300),     // within an hour: a far bucket
+        (now + 40_000_000, 7),      // within a day
+        (now + 30 * 86_400_000, 2), // later
+    ];
+    let mut seq = 0;
+    let mut changes = Vec::new();
+    for (ms, n) in at {
+        for _ in 0..n {
+            seq += 1;
+            changes.push(put(&job(&format!("k{seq}"), ms), seq));
+        }
+    }
+    s.apply(0, &changes, None).unwrap();
+    s.apply(1, &[put(&job("other", now), 1)], None).unwrap();
+    let edges = [now + 1, now + 60_000, now + 3_600_000, now + 86_400_000];
+    let counts = s.pending_by_due(0, &edges).unwrap();
+    assert_eq!(counts, vec![3, 200, 300, 7, 2]);
+    assert_eq!(counts.iter().sum::<u64>(), s.checkpoint(0).unwrap().pending);
+    // A far bucket counts at its start: never in a later span than its jobs.
+    let coarse = s.pending_by_due(0, &[now + 60_000]).unwrap();
+    assert_eq!(coarse, vec![203, 309]);
+}
