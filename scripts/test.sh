@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (the test broker, Debian's
-# docker-compose), then checks formatting and lints, runs the unit,
+# docker-compose and chromium, two Python packages), then checks formatting and lints, runs the unit,
 # integration and crash tests against a real broker, fuzzes record decoding
 # and config parsing briefly, and validates the compose file. Run from
 # anywhere: ./scripts/test.sh
@@ -28,6 +28,11 @@ command -v docker-compose
 python3 -c "import confluent_kafka" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'confluent-kafka==2.16.*'
 python3 -c "import confluent_kafka; print('confluent-kafka', confluent_kafka.version())"
+# The dashboard test drives Debian's Chromium over the DevTools protocol.
+command -v chromium >/dev/null || apt_install chromium
+python3 -c "import websocket" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check 'websocket-client==1.*'
+chromium --version
 
 step "format"
 cargo fmt --all -- --check

@@ -42,7 +42,23 @@ pub trait Source: Send + Sync + 'static {
         let _ = id;
         Ok(None)
     }
+    /// The dashboard page served at `/`, if this process has one.
+    fn page(&self) -> Option<&'static str> {
+        None
+    }
+    /// The dead-letter topic's records, newest last (answers `GET /dlq`).
+    fn dead_letters(&self) -> Result<serde_json::Value, String> {
+        Err("no dead letters here".into())
+    }
+    /// Replay every dead job that can be (answers `POST /dlq/replay`).
+    fn replay_dead_letters(&self) -> Result<serde_json::Value, String> {
+        Err("no dead letters here".into())
+    }
 }
+
+/// The header a `POST` must carry (any value): a cross-site form cannot set
+/// it, so a page elsewhere cannot make a browser on this machine replay.
+pub const ACTION_HEADER: &str = "x-kairos-action";
 
 /// Why the admin endpoint did not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +117,9 @@ impl Admin {
             .route("/readyz", routing::get(readyz))
             .route("/status", routing::get(status))
             .route("/jobs/{id}", routing::get(job))
+            .route("/", routing::get(page))
+            .route("/dlq", routing::get(dead_letters))
+            .route("/dlq/replay", routing::post(replay))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             .with_state(state);
         let listener = self.listener;
@@ -112,7 +131,7 @@ impl Admin {
                     return;
                 }
             };
-            info!(%addr, "admin endpoint serving /metrics /healthz /readyz /status /jobs/ID");
+            info!(%addr, "admin endpoint serving / /metrics /healthz /readyz /status /jobs/ID /dlq");
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
@@ -240,6 +259,40 @@ async fn job(State(s): State<Arc<Served>>, axum::extract::Path(id): axum::extrac
         ),
         Err(e) => json_response(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": e })),
     }
+}
+
+async fn page(State(s): State<Arc<Served>>) -> Response {
+    match s.source.page() {
+        Some(html) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response(),
+        None => (StatusCode::NOT_FOUND, "no dashboard here\n").into_response(),
+    }
+}
+
+/// Answer with what `f` returns as JSON (an error: 500 with the reason).
+async fn json_from(
+    s: &Arc<Served>,
+    f: impl FnOnce(&dyn Source) -> Result<serde_json::Value, String> + Send + 'static,
+) -> Response {
+    match blocking(s, f).await {
+        Ok(Ok(v)) => json_response(StatusCode::OK, &v),
+        Ok(Err(e)) => json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &serde_json::json!({ "error": e }),
+        ),
+        Err(resp) => resp,
+    }
+}
+
+async fn dead_letters(State(s): State<Arc<Served>>) -> Response {
+    json_from(&s, |src| src.dead_letters()).await
+}
+
+async fn replay(State(s): State<Arc<Served>>, headers: HeaderMap) -> Response {
+    if !headers.contains_key(ACTION_HEADER) {
+        let e = format!("a replay needs the {ACTION_HEADER} header");
+        return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({ "error": e }));
+    }
+    json_from(&s, |src| src.replay_dead_letters()).await
 }
 
 #[cfg(test)]

@@ -47,6 +47,29 @@ impl Histogram {
         self.observe_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     }
 
+    /// How many durations were counted, and the upper bounds (ms) of the
+    /// buckets holding the 50th and 99th percentiles (`None`: nothing
+    /// counted, or beyond the last bound).
+    pub fn summary_ms(&self) -> (u64, Option<f64>, Option<f64>) {
+        let counts: Vec<u64> = self.0.buckets.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        let at = |q: f64| -> Option<f64> {
+            if total == 0 {
+                return None;
+            }
+            let want = (q * total as f64).ceil().max(1.0) as u64;
+            let mut seen = 0;
+            for (i, n) in counts.iter().enumerate() {
+                seen += n;
+                if seen >= want {
+                    return SECONDS.get(i).map(|b| b * 1000.0);
+                }
+            }
+            None
+        };
+        (total, at(0.5), at(0.99))
+    }
+
     fn observe_us(&self, us: u64) {
         let secs = us as f64 / 1e6;
         let i = SECONDS.partition_point(|b| *b < secs);
@@ -136,6 +159,20 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_summary_names_the_buckets_of_its_percentiles() {
+        let h = Histogram::default();
+        assert_eq!(h.summary_ms(), (0, None, None));
+        for _ in 0..98 {
+            h.observe_ms(3); // the 5 ms bucket
+        }
+        h.observe_ms(40); // 50 ms
+        h.observe_ms(700); // 1 s
+        assert_eq!(h.summary_ms(), (100, Some(5.0), Some(50.0)));
+        h.observe_ms(600_000); // beyond the last bound
+        assert_eq!(h.summary_ms().0, 101);
+    }
 
     #[test]
     fn counters_gauges_and_histograms_render_as_openmetrics() {

@@ -9,6 +9,7 @@ mod common;
 mod admin;
 mod bad_input;
 mod contract;
+mod dashboard;
 mod dlq;
 mod foreign_clients;
 mod scheduler;

@@ -54,6 +54,28 @@ fn partitions(h: &SchedulerHandle) -> Vec<(i32, u64, Option<i64>)> {
     out
 }
 
+/// Width and number of the spans of the dashboard's timeline.
+const TIMELINE_STEP_MS: i64 = 30 * 60_000;
+const TIMELINE_STEPS: i64 = 24;
+
+/// Jobs pending by when they come due over the next 12 hours, in 30-minute
+/// spans (the first includes jobs already due), then the rest.
+fn due_timeline(h: &SchedulerHandle) -> serde_json::Value {
+    let shared = &h.shared;
+    let now = shared.clock.now().timestamp_millis();
+    let edges: Vec<i64> = (1..=TIMELINE_STEPS).map(|i| now + i * TIMELINE_STEP_MS).collect();
+    let mut total = vec![0u64; edges.len() + 1];
+    for p in shared.wheel().partitions() {
+        if let Ok(counts) = shared.store.pending_by_due(p, &edges) {
+            total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+        }
+    }
+    json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": total})
+}
+
+/// The scheduler's dashboard (a static page that reads `/status` and `/dlq`).
+const DASHBOARD: &str = include_str!("dashboard.html");
+
 impl Source for SchedulerHandle {
     fn metrics(&self) -> Metrics {
         let s = stats(&self.shared);
@@ -141,6 +163,7 @@ impl Source for SchedulerHandle {
             .into_iter()
             .map(|(p, pending, behind)| json!({"partition": p, "pending": pending, "read_behind_ms": behind}))
             .collect();
+        let late = self.shared.stats.fire_lateness.summary_ms();
         json!({
             "role": "scheduler",
             "instance_id": self.shared.instance_id,
@@ -148,8 +171,37 @@ impl Source for SchedulerHandle {
             "stats": stats(&self.shared),
             "partitions": parts,
             "pending_by_due": pending_by_due(self).into_iter().map(|(d, n)| (d.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "due_timeline": due_timeline(self),
+            "fire_lateness_ms": {"count": late.0, "p50_at_most": late.1, "p99_at_most": late.2},
+            "features": {"fair_topics": false, "hold_key": false},
             "stopping": self.shared.stop.is_cancelled(),
         })
+    }
+
+    fn page(&self) -> Option<&'static str> {
+        Some(DASHBOARD)
+    }
+
+    /// The newest 200 records of the dead-letter topic, and how many there are.
+    fn dead_letters(&self) -> Result<serde_json::Value, String> {
+        let all =
+            crate::dlq::list(&self.shared.cfg, &crate::dlq::Filter::default()).map_err(|e| e.to_string())?;
+        let total = all.len();
+        let newest = &all[total.saturating_sub(200)..];
+        Ok(json!({"total": total, "topic": self.shared.cfg.topics.dead_letter, "entries": newest}))
+    }
+
+    /// Replay every dead job (as `kairos dlq replay`), from the blocking pool.
+    fn replay_dead_letters(&self) -> Result<serde_json::Value, String> {
+        let cfg = self.shared.cfg.clone();
+        let report = tokio::runtime::Handle::current()
+            .block_on(crate::dlq::replay(
+                &cfg,
+                &crate::dlq::Filter::default(),
+                |_, _| {},
+            ))
+            .map_err(|e| e.to_string())?;
+        serde_json::to_value(report).map_err(|e| e.to_string())
     }
 
     /// A pending job of an owned partition, as stored.

@@ -1,0 +1,137 @@
+//! The scheduler's dashboard in a real browser: headless Chromium (driven
+//! over the DevTools protocol by `tests/browser/dashboard.py`) loads the
+//! page from a running scheduler, the numbers it shows are checked against
+//! `/status` and `/dlq`, its replay button is clicked and the replayed jobs
+//! run; a screenshot is saved (its path is printed).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::system::{config, enqueue_all};
+use crate::common::{wait_for, Broker};
+use chrono::Utc;
+use kairos::admin::get;
+use kairos::config::AdminConfig;
+use kairos::scheduler::Scheduler;
+use kairos::worker::Outcome;
+use kairos::{Job, Producer, Worker};
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(60);
+
+fn status(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    let (code, body) = get(addr, path, None).expect("GET");
+    assert_eq!(code, 200, "{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brings_dead_jobs_back() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.scheduler.admin = AdminConfig {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        token: None,
+    };
+    kairos::topics::init(&cfg).await.unwrap();
+    let stop = CancellationToken::new();
+    let scheduler = Scheduler::builder(&cfg).build().unwrap();
+    let addr = scheduler.admin_addr().expect("endpoint bound");
+    let sched = scheduler.handle();
+    // Jobs keyed `doomed-*` die at their only attempt until healed.
+    let healed = Arc::new(AtomicBool::new(false));
+    let h = healed.clone();
+    let worker = Worker::builder(&cfg)
+        .build(move |job: Job, _ctx| {
+            let dies = job.key.starts_with(b"doomed") && !h.load(Ordering::SeqCst);
+            async move {
+                if dies {
+                    Outcome::dead("not yet")
+                } else {
+                    Outcome::done()
+                }
+            }
+        })
+        .unwrap();
+    let wh = worker.handle();
+    let st = stop.clone();
+    let s_task = tokio::spawn(scheduler.run_until(async move { st.cancelled().await }));
+    let st = stop.clone();
+    let w_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
+    wait_for("the scheduler to be ready", T, || {
+        (get(addr, "/readyz", None).ok()? == (200, "ready\n".into())).then_some(())
+    });
+
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let now = Utc::now();
+    let mut jobs: Vec<Job> = (0..4)
+        .map(|i| Job::new(&work, format!("doomed-{i}"), b"x".to_vec()))
+        .collect();
+    for (mins, n) in [(135, 6), (315, 3)] {
+        for i in 0..n {
+            jobs.push(
+                Job::new(&work, format!("later-{mins}-{i}"), b"x".to_vec())
+                    .at(now + chrono::Duration::minutes(mins)),
+            );
+        }
+    }
+    enqueue_all(&producer, jobs).await;
+    wait_for("4 dead letters and 9 jobs waiting", T, || {
+        let d = status(addr, "/dlq");
+        (d["total"] == 4 && sched.stats().pending == 9).then_some(())
+    });
+    healed.store(true, Ordering::SeqCst);
+
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.py");
+    let url = format!("http://{addr}/");
+    let s = shot.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .arg(&url)
+            .arg(&s)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("run python3");
+    assert!(
+        out.status.success(),
+        "the browser run failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    let st = status(addr, "/status");
+    assert_eq!(
+        shown["pending"], st["stats"]["pending"],
+        "shown {shown}, status {st}"
+    );
+    assert_eq!(shown["pending"], 9);
+    assert_eq!(shown["due_now"], st["pending_by_due"]["now"]);
+    assert_eq!(shown["dead"], 4, "{shown}");
+    assert_eq!(shown["dead_rows"], 4, "{shown}");
+    let bars: Vec<u64> = serde_json::from_value(shown["bars"].clone()).unwrap();
+    let timeline: Vec<u64> = serde_json::from_value(st["due_timeline"]["jobs"].clone()).unwrap();
+    assert_eq!(bars.len(), 24, "{shown}");
+    assert_eq!(bars[..], timeline[..24], "the bars are /status's timeline");
+    assert_eq!(bars.iter().sum::<u64>(), 9, "all 9 come due within 12 hours");
+    assert_eq!(shown["replayed"], 4, "{shown}");
+    // The replayed jobs run again (healed now) and succeed.
+    wait_for("the 4 replayed jobs to succeed", T, || {
+        (wh.stats().succeeded >= 4).then_some(())
+    });
+    let png = std::fs::read(&shot).expect("screenshot saved");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "a PNG screenshot"
+    );
+    println!("dashboard screenshot: {}", shot.display());
+    stop.cancel();
+    s_task.await.unwrap().unwrap();
+    w_task.await.unwrap().unwrap();
+}
