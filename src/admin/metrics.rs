@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::MetricType;
@@ -141,6 +141,24 @@ impl Metrics {
         self
     }
 
+    /// A counter per combination of labels (a bounded set, such as work
+    /// topics and outcomes); `_total` is added to the name.
+    pub fn counter_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        values: impl IntoIterator<Item = (Vec<String>, u64)>,
+    ) -> &mut Self {
+        let family = Family::<Vec<(String, String)>, Counter>::default();
+        for (ls, v) in values {
+            let set: Vec<(String, String)> = labels.iter().map(|l| l.to_string()).zip(ls).collect();
+            family.get_or_create(&set).inc_by(v);
+        }
+        self.registry.register(name, help.trim_end_matches('.'), family);
+        self
+    }
+
     /// A histogram of durations in seconds.
     pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) -> &mut Self {
         self.registry
@@ -189,10 +207,20 @@ mod tests {
                 "partition",
                 [("0".into(), 2), ("4".into(), 1)],
             )
+            .counter_by(
+                "kairos_test_jobs",
+                "Jobs by topic and outcome.",
+                &["topic", "outcome"],
+                [(vec!["mail".into(), "done".into()], 5)],
+            )
             .histogram("kairos_test_lateness_seconds", "Lateness.", &h);
         let text = m.render().unwrap();
         assert!(text.contains("kairos_test_fired_total 7\n"), "{text}");
         assert!(text.contains("kairos_test_pending 3\n"), "{text}");
+        assert!(
+            text.contains("kairos_test_jobs_total{topic=\"mail\",outcome=\"done\"} 5\n"),
+            "{text}"
+        );
         assert!(text.contains("kairos_test_owned{partition=\"4\"} 1\n"), "{text}");
         assert!(text.contains("kairos_test_lateness_seconds_count 3\n"), "{text}");
         assert!(

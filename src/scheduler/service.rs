@@ -104,6 +104,14 @@ struct Stats {
     replayed: AtomicU64,
     /// Fire time (acknowledged) − run-at of each job fired.
     fire_lateness: crate::admin::Histogram,
+    /// How long each assignment's changelog catch-up took.
+    catch_up: crate::admin::Histogram,
+    /// Partition assignments and revocations served.
+    assigned: AtomicU64,
+    revoked: AtomicU64,
+    /// Per owned schedule partition, records not yet read (end − position),
+    /// measured every few seconds by the ingest thread.
+    schedule_lag: Mutex<HashMap<i32, i64>>,
 }
 
 /// A snapshot of what the scheduler holds and has done.

@@ -77,6 +77,15 @@ impl OffsetTracker {
     pub fn open(&self) -> usize {
         self.parts.values().map(|p| p.open.len()).sum()
     }
+
+    /// Records read at or above each partition's commit point, summed: what
+    /// a crash now would deliver again at most.
+    pub fn uncommitted(&self) -> u64 {
+        self.parts
+            .values()
+            .map(|p| (p.next - p.commit_point()).max(0) as u64)
+            .sum()
+    }
 }
 
 #[cfg(test)]
@@ -92,12 +101,13 @@ mod tests {
             t.read(P, o);
         }
         assert_eq!(t.finish(P, 12), None, "10 and 11 are still open");
+        assert_eq!(t.uncommitted(), 5, "10 to 14 would run again");
         assert_eq!(t.finish(P, 11), None);
         assert_eq!(t.finish(P, 10), Some(13));
         assert_eq!(t.finish(P, 14), None, "13 still open");
         assert_eq!(t.finish(P, 13), Some(15));
         assert_eq!(t.commit_point(P), Some(15));
-        assert_eq!(t.open(), 0);
+        assert_eq!((t.open(), t.uncommitted()), (0, 0));
     }
 
     #[test]

@@ -118,6 +118,20 @@ struct Stats {
     start_delay: crate::admin::Histogram,
     /// How long each handler run took.
     duration: crate::admin::Histogram,
+    /// Per work topic (as `Shared::topics`): runs started and how they settled.
+    by_topic: Vec<TopicCounts>,
+    /// Partition assignments and revocations served.
+    assigned: AtomicU64,
+    revoked: AtomicU64,
+}
+
+/// One work topic's counters.
+#[derive(Default)]
+struct TopicCounts {
+    started: AtomicU64,
+    succeeded: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
 }
 
 /// A snapshot of the worker's counters.
@@ -335,7 +349,10 @@ impl WorkerBuilder {
                 clock: self.clock,
                 runtime,
                 stop: CancellationToken::new(),
-                stats: Stats::default(),
+                stats: Stats {
+                    by_topic: w.topics.iter().map(|_| TopicCounts::default()).collect(),
+                    ..Stats::default()
+                },
                 cfg,
             }),
         })

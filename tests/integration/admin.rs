@@ -113,6 +113,9 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
         0.0
     );
     assert!(sample(&text, "kairos_scheduler_ingested_total") >= 30.0);
+    assert!(sample(&text, "kairos_scheduler_catch_up_seconds_count") >= 1.0);
+    assert!(sample(&text, "kairos_scheduler_rebalances_total{kind=\"assigned\"}") >= 1.0);
+    assert!(sample(&text, "kairos_scheduler_store_bytes") > 0.0);
     let (code, status) = get(s_addr, "/status", None);
     assert_eq!(code, 200);
     let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");
@@ -134,6 +137,21 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     assert_eq!(
         sample(&text, "kairos_worker_job_duration_seconds_count"),
         w_handle.stats().started as f64
+    );
+    let by_topic = |outcome: &str| {
+        sample(
+            &text,
+            &format!("kairos_worker_topic_jobs_total{{topic=\"{work}\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(by_topic("succeeded"), 40.0);
+    assert_eq!(by_topic("started"), w_handle.stats().started as f64);
+    assert_eq!(by_topic("dead_lettered"), 0.0);
+    assert!(sample(&text, "kairos_worker_rebalances_total{kind=\"assigned\"}") >= 1.0);
+    assert_eq!(
+        sample(&text, "kairos_worker_uncommitted_records"),
+        0.0,
+        "every job read is finished"
     );
     let (_, status) = get(w_addr, "/status", None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");

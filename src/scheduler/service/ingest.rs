@@ -86,6 +86,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     // Most records read and waiting to be applied: beyond it reading waits.
     let most = 2 * cfg.scheduler.ingest_batch.max(1);
     let mut last_report = Instant::now();
+    let mut last_lag = Instant::now();
     // Kept from batch to batch: growing it anew each time showed in profiles.
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
     // A fatal consumer error: the loop ends, the apply thread is let go, and
@@ -120,6 +121,10 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(&consumer);
+        if last_lag.elapsed() >= LAG_EVERY {
+            last_lag = Instant::now();
+            measure_lag(shared, &consumer);
+        }
         if last_report.elapsed() >= cfg.scheduler.report_interval {
             last_report = Instant::now();
             report(shared, &consumer);
@@ -147,10 +152,13 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     Ok(())
 }
 
-fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
-    let st = stats(shared);
-    let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
-    let mut lag = 0i64;
+/// How often the ingest thread measures the schedule topic's lag.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Per owned partition, records not yet read: the broker's end offset less
+/// the consumer's position (one request per partition).
+fn measure_lag(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    let mut lag = HashMap::default();
     if let Ok(pos) = consumer.position() {
         for e in pos.elements() {
             if let (Ok((_, high)), Some(at)) = (
@@ -158,11 +166,29 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
                 e.offset().to_raw(),
             ) {
                 if at >= 0 {
-                    lag += (high - at).max(0);
+                    lag.insert(e.partition(), (high - at).max(0));
                 }
             }
         }
     }
+    *shared
+        .stats
+        .schedule_lag
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = lag;
+}
+
+fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    let st = stats(shared);
+    let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
+    measure_lag(shared, consumer);
+    let lag: i64 = shared
+        .stats
+        .schedule_lag
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .sum();
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
         fired = st.fired, skipped = st.skipped, dead_lettered = st.dead_lettered, lag, "scheduler status");
 }

@@ -1,5 +1,7 @@
 //! What a scheduler shows on its admin endpoint ([`crate::admin`]).
 
+use std::sync::atomic::Ordering;
+
 use serde_json::json;
 
 use super::{stats, SchedulerHandle};
@@ -149,6 +151,44 @@ impl Source for SchedulerHandle {
             "kairos_scheduler_replayed",
             "Changelog records read to catch partitions up.",
             s.replayed,
+        )
+        .gauge_by(
+            "kairos_scheduler_schedule_lag_records",
+            "Records of each owned schedule partition not read yet (end offset less position), \
+                 measured every 5 s.",
+            "partition",
+            self.shared
+                .stats
+                .schedule_lag
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(p, n)| (p.to_string(), *n)),
+        )
+        .gauge(
+            "kairos_scheduler_store_bytes",
+            "Bytes the store takes on disk (sled and its value log).",
+            self.shared.store.size_on_disk().map_or(-1, |b| b as i64),
+        )
+        .counter_by(
+            "kairos_scheduler_rebalances",
+            "Partition assignments and revocations served.",
+            &["kind"],
+            [
+                (
+                    vec!["assigned".to_string()],
+                    self.shared.stats.assigned.load(Ordering::Relaxed),
+                ),
+                (
+                    vec!["revoked".to_string()],
+                    self.shared.stats.revoked.load(Ordering::Relaxed),
+                ),
+            ],
+        )
+        .histogram(
+            "kairos_scheduler_catch_up_seconds",
+            "How long each assignment's changelog catch-up took.",
+            &self.shared.stats.catch_up,
         )
         .histogram(
             "kairos_scheduler_fire_lateness_seconds",

@@ -32,6 +32,7 @@ impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else { return };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        self.shared.stats.revoked.fetch_add(1, Ordering::Relaxed);
         Draining::start(&self.shared, parts).finish(consumer);
     }
 
@@ -66,6 +67,8 @@ impl ConsumerContext for Ctx {
                         return;
                     }
                 };
+                self.shared.stats.catch_up.observe(started.elapsed());
+                self.shared.stats.assigned.fetch_add(1, Ordering::Relaxed);
                 info!(partitions = ?parts, elapsed = ?started.elapsed(), "schedule partitions caught up");
                 let starts = match reading_from(&self.shared, consumer, &parts) {
                     Ok(starts) => starts,

@@ -155,6 +155,10 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         false
     } else {
         shared.stats.started.fetch_add(1, Ordering::Relaxed);
+        let by_topic = shared.stats.by_topic.get(tp.0);
+        if let Some(t) = by_topic {
+            t.started.fetch_add(1, Ordering::Relaxed);
+        }
         let started = std::time::Instant::now();
         let delay = shared.clock.now() - job.run_at;
         shared.stats.start_delay.observe_ms(delay.num_milliseconds());
@@ -177,13 +181,18 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         let settled = Box::pin(shared.settler.settle(&job, origin, outcome, &cancel))
             .instrument(span)
             .await;
-        let counter = match &settled {
-            Some(Settled::Done { .. }) => &shared.stats.succeeded,
-            Some(Settled::Retried { .. }) => &shared.stats.retried,
-            Some(Settled::DeadLettered { .. }) => &shared.stats.dead_lettered,
+        let (counter, topic_counter) = match &settled {
+            Some(Settled::Done { .. }) => (&shared.stats.succeeded, by_topic.map(|t| &t.succeeded)),
+            Some(Settled::Retried { .. }) => (&shared.stats.retried, by_topic.map(|t| &t.retried)),
+            Some(Settled::DeadLettered { .. }) => {
+                (&shared.stats.dead_lettered, by_topic.map(|t| &t.dead_lettered))
+            }
             None => return Finished::unsettled(job, tp, offset, generation),
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = topic_counter {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         true
     };
     Finished {

@@ -2,8 +2,39 @@
 
 use serde_json::json;
 
+use std::sync::atomic::Ordering;
+
 use super::{stats, WorkerHandle};
 use crate::admin::{Metrics, Source};
+
+/// Per work topic and outcome (`started`, `succeeded`, `retried`,
+/// `dead_lettered`), the count.
+fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
+    let s = &h.shared;
+    s.topics
+        .iter()
+        .zip(&s.stats.by_topic)
+        .flat_map(|(topic, c)| {
+            [
+                ("started", &c.started),
+                ("succeeded", &c.succeeded),
+                ("retried", &c.retried),
+                ("dead_lettered", &c.dead_lettered),
+            ]
+            .map(|(outcome, n)| {
+                (
+                    vec![topic.clone(), outcome.to_string()],
+                    n.load(Ordering::Relaxed),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Records read and not yet below the commit point, over owned partitions.
+fn uncommitted(h: &WorkerHandle) -> i64 {
+    h.shared.state().tracker.uncommitted() as i64
+}
 
 impl Source for WorkerHandle {
     fn metrics(&self) -> Metrics {
@@ -40,6 +71,33 @@ impl Source for WorkerHandle {
             "kairos_worker_handed_to_scheduler",
             "Jobs read before their run-at and handed to the scheduler.",
             s.handed_to_scheduler,
+        )
+        .counter_by(
+            "kairos_worker_topic_jobs",
+            "Handler runs started, and jobs settled by outcome, per work topic.",
+            &["topic", "outcome"],
+            by_topic(self),
+        )
+        .counter_by(
+            "kairos_worker_rebalances",
+            "Partition assignments and revocations served.",
+            &["kind"],
+            [
+                (
+                    vec!["assigned".to_string()],
+                    self.shared.stats.assigned.load(Ordering::Relaxed),
+                ),
+                (
+                    vec!["revoked".to_string()],
+                    self.shared.stats.revoked.load(Ordering::Relaxed),
+                ),
+            ],
+        )
+        .gauge(
+            "kairos_worker_uncommitted_records",
+            "Records read past each owned partition's commit point (the lowest unfinished \
+                 offset), summed: what a crash now would run again at most.",
+            uncommitted(self),
         )
         .histogram(
             "kairos_worker_start_delay_seconds",

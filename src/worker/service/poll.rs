@@ -32,6 +32,10 @@ impl ConsumerContext for Ctx {
 
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
+            self.shared
+                .stats
+                .revoked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tps: Vec<Tp> = tpl
                 .elements()
                 .iter()
@@ -44,6 +48,10 @@ impl ConsumerContext for Ctx {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
+                self.shared
+                    .stats
+                    .assigned
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut st = self.shared.state();
                 for e in tpl.elements() {
                     if let Some(tp) = self.shared.tp(e.topic(), e.partition()) {
