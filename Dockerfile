@@ -1,5 +1,5 @@
 # Builds the `kairos` binary (scheduler, worker, command line).
-FROM rust:1.85-bookworm AS build
+FROM rust:1.89-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends \
         build-essential cmake libssl-dev zlib1g-dev pkg-config python3 \
     && rm -rf /var/lib/apt/lists/*

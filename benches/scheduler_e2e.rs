@@ -355,6 +355,8 @@ struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
     handle: kairos::scheduler::SchedulerHandle,
+    /// Its admin endpoint (on a free loopback port).
+    admin: Option<std::net::SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -389,6 +391,7 @@ fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
     // The scheduler reads its partitions up to a job's run-at before firing
     // it, so its read delay is part of the fire time.
     cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "10".into());
+    cfg.scheduler.admin.listen = Some("127.0.0.1:0".parse().expect("address"));
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
     cfg
 }
@@ -406,6 +409,7 @@ fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Ru
         s = s.fire_unread();
     }
     let handle = s.handle();
+    let admin = s.admin_addr();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = rt.spawn(s.run_until(async {
         let _ = rx.await;
@@ -414,6 +418,7 @@ fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Ru
         stop: Some(tx),
         task,
         handle,
+        admin,
         _dir: dir,
     }
 }
@@ -694,6 +699,21 @@ struct Durable {
     slack_secs: f64,
     duplicates: usize,
     fired_direct: u64,
+    /// What `kairos stats --json` asks (the topics from Kafka, the
+    /// scheduler's `/status`), timed in ms: with no job pending, and with
+    /// all N pending; and the pending count it saw then.
+    stats_empty_ms: f64,
+    stats_full_ms: f64,
+    stats_pending: u64,
+}
+
+/// Ask what `kairos stats --json` asks; (ms taken, jobs pending it says).
+fn kairos_stats(cfg: &Config, admin: std::net::SocketAddr) -> (f64, u64) {
+    let t = Instant::now();
+    kairos::overview::topics(cfg).expect("topic figures");
+    let held = kairos::overview::schedulers(cfg, &[admin]);
+    assert!(held.unreachable.is_empty(), "{held:?}");
+    (t.elapsed().as_secs_f64() * 1e3, held.pending)
 }
 
 fn throughput_durable(
@@ -704,12 +724,15 @@ fn throughput_durable(
 ) -> Durable {
     let n = bodies.keys.len() as u64;
     let (cfg, running) = start_scheduler(rt, broker, Rule::On);
+    let admin = running.admin.expect("admin endpoint");
+    let (stats_empty_ms, _) = kairos_stats(&cfg, admin);
     let run_at = now_ms() + lead.as_millis() as i64;
     let w = Writer::new(&cfg, &cfg.topics.schedule);
     let handle = running.handle.clone();
+    let watch_cfg = cfg.clone();
     let watcher = std::thread::spawn(move || {
         let deadline = Instant::now() + Duration::from_secs(600);
-        let (mut first, mut ingested) = (None, None);
+        let (mut first, mut ingested, mut full) = (None, None, None);
         loop {
             let st = handle.stats();
             let now = now_us();
@@ -719,15 +742,20 @@ fn throughput_durable(
             if ingested.is_none() && st.ingested >= n {
                 ingested = Some(now);
             }
+            // Once all N wait (long before their run-at), time the stats.
+            if full.is_none() && st.pending >= n && st.fired == 0 {
+                full = Some(kairos_stats(&watch_cfg, admin));
+            }
             if st.fired >= n {
-                return (first.expect("ingested"), ingested.expect("ingested"), now);
+                let full = full.expect("stats taken while all jobs were pending");
+                return (first.expect("ingested"), ingested.expect("ingested"), now, full);
             }
             assert!(Instant::now() < deadline, "jobs not fired in time; status {st:?}");
             std::thread::sleep(Duration::from_millis(1));
         }
     });
     write_due_at(w, bodies, run_at, "durable");
-    let (first, ingested, fired) = watcher.join().expect("watcher");
+    let (first, ingested, fired, (stats_full_ms, stats_pending)) = watcher.join().expect("watcher");
     let seen = reader_from(
         &cfg.kafka.brokers,
         &cfg.topics.work[0],
@@ -746,6 +774,9 @@ fn throughput_durable(
         slack_secs: (run_at * 1000 - ingested) as f64 / 1e6,
         duplicates: duplicates(&seen),
         fired_direct: st.fired_direct,
+        stats_empty_ms,
+        stats_full_ms,
+        stats_pending,
     }
 }
 
@@ -944,6 +975,14 @@ fn main() {
                 dur.fire_secs,
                 dur.fired_direct,
                 dur.duplicates
+            );
+            println!(
+                "  round {round} kairos stats --json with {} jobs pending: {:.0} ms, against {:.0} ms with none \
+                 ({:.2}x; target < 1 s)",
+                dur.stats_pending,
+                dur.stats_full_ms,
+                dur.stats_empty_ms,
+                dur.stats_full_ms / dur.stats_empty_ms.max(0.001)
             );
             assert!(
                 dur.slack_secs > 0.0,

@@ -169,7 +169,7 @@ fn fill(cfg: &Config, topic: &str, records: impl Iterator<Item = (String, String
             }
         }
         n += 1;
-        if n % 1000 == 0 {
+        if n.is_multiple_of(1000) {
             producer.poll(Duration::ZERO);
         }
     }

@@ -34,6 +34,10 @@ python3 -c "import websocket" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'websocket-client==1.*'
 chromium --version
 
+# The dependency audit (licenses, banned and duplicate crates, sources).
+command -v cargo-deny >/dev/null || cargo install --locked --quiet cargo-deny@0.20
+cargo deny --version
+
 step "format"
 cargo fmt --all -- --check
 # The fuzz crate is a workspace of its own (fuzz/), outside `--all`.
@@ -41,6 +45,26 @@ rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs
 
 step "lint"
 cargo clippy --all-targets --locked -- -D warnings
+
+step "dependencies"
+# Licenses, bans and sources from the lockfile (deny.toml). The advisory
+# check needs the RustSec database from GitHub: run where it is reachable.
+cargo deny --log-level error check bans licenses sources
+if timeout 10 git ls-remote -q https://github.com/rustsec/advisory-db HEAD >/dev/null 2>&1; then
+  cargo deny --log-level error check advisories
+else
+  echo "advisories: github.com unreachable from here, the RustSec database not fetched; not checked"
+fi
+
+step "minimum Rust"
+# The rust-version in Cargo.toml is the one the Dockerfile builds with, and
+# the lockfile builds with it (its own target directory, so the main build
+# stays warm).
+msrv="$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)"
+grep -q "^FROM rust:${msrv}-" Dockerfile || { echo "Dockerfile does not build with rust ${msrv}"; exit 1; }
+rustup toolchain list | grep -q "^${msrv}" || rustup toolchain install "${msrv}" --profile minimal
+CARGO_TARGET_DIR=target/msrv cargo "+${msrv}" check --locked --quiet --lib --bins
+echo "builds with rust ${msrv}"
 
 step "tests"
 # Unit, integration (incl. the crash suite) and doc tests. The benchmarks are

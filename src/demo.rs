@@ -359,7 +359,7 @@ pub async fn run(
             }
         };
         let interesting = job.attempt > 1 || !matches!(ev.outcome, Outcome::Done { .. });
-        if shown < 12 || interesting || finished.len() % 50 == 0 {
+        if shown < 12 || interesting || finished.len().is_multiple_of(50) {
             shown += 1;
             let label = String::from_utf8_lossy(&job.payload);
             let label = label.split_whitespace().next().unwrap_or("");

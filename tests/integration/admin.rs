@@ -158,6 +158,37 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     assert_eq!(status["role"], "worker");
     assert_eq!(status["stats"]["succeeded"], 40);
 
+    // Every metric the shipped Grafana dashboard queries is served (the
+    // schedule lag once measured, every 5 s).
+    wait_for("the schedule lag measured", T, || {
+        get(s_addr, "/metrics", None)
+            .1
+            .contains("kairos_scheduler_schedule_lag_records{")
+            .then_some(())
+    });
+    let served = get(s_addr, "/metrics", None).1 + &get(w_addr, "/metrics", None).1;
+    let dashboard =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/grafana/kairos.json")).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&dashboard).expect("the Grafana dashboard is JSON");
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("kairos_"))
+            {
+                queried += 1;
+                assert!(
+                    served.contains(name),
+                    "the dashboard queries {name}, which is not served"
+                );
+            }
+        }
+    }
+    assert!(queried >= 10, "{queried} metrics queried");
+
     stop.cancel();
     s_task.await.unwrap().expect("scheduler ran cleanly");
     w_task.await.unwrap().expect("worker ran cleanly");

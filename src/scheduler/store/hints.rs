@@ -30,7 +30,7 @@ pub(super) fn encode_hints(out: &mut Vec<u8>, hints: &[Hint]) {
 }
 
 pub(super) fn decode_hints(v: &[u8]) -> Result<Vec<Hint>, CorruptJob> {
-    if v.len() % 32 != 0 {
+    if !v.len().is_multiple_of(32) {
         return Err(CorruptJob("id chunk length"));
     }
     Ok(v.chunks_exact(32)
