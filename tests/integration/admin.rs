@@ -53,8 +53,18 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     let scheduler = Scheduler::builder(&cfg).build().unwrap();
     let s_addr = scheduler.admin_addr().expect("scheduler endpoint bound");
     let s_handle = scheduler.handle();
+    // Keys `retry-*` fail their first attempt (retried through the
+    // scheduler), keys `dead-*` die at once; the rest succeed.
     let worker = Worker::builder(&cfg)
-        .build(|_job, _ctx| async { Outcome::done() })
+        .build(|job: Job, _ctx| async move {
+            if job.key.starts_with(b"dead-") {
+                Outcome::dead("told to die")
+            } else if job.key.starts_with(b"retry-") && job.attempt == 1 {
+                Outcome::retry("first attempt fails")
+            } else {
+                Outcome::done()
+            }
+        })
         .unwrap();
     let w_addr = worker.admin_addr().expect("worker endpoint bound");
     let w_handle = worker.handle();
@@ -75,9 +85,15 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
     let at = Utc::now() + chrono::Duration::seconds(3);
+    // Of the 40, 4 are retried once and 3 die.
+    let key = |i: usize| match i {
+        0..4 => format!("retry-{i}"),
+        4..7 => format!("dead-{i}"),
+        _ => format!("k{}", i % 7),
+    };
     let jobs: Vec<Job> = (0..40)
         .map(|i| {
-            let job = Job::new(&work, format!("k{}", i % 7), b"x".to_vec());
+            let job = Job::new(&work, key(i), b"x".to_vec());
             if i < 30 {
                 job.at(at)
             } else {
@@ -88,20 +104,24 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     // Written at once, so none of the delayed ones comes within the early
     // tolerance by the time it is written.
     enqueue_all(&producer, jobs).await;
-    wait_for("40 jobs done", T, || {
-        (w_handle.stats().succeeded == 40).then_some(())
+    wait_for("37 jobs done, 3 dead", T, || {
+        let s = w_handle.stats();
+        (s.succeeded == 37 && s.dead_lettered == 3).then_some(())
     });
     // A fire is counted once its batch is tombstoned, just after the worker
-    // may have run it.
-    wait_for("the scheduler to count 30 fires, 0 pending", T, || {
+    // may have run it. The 4 retries go through the scheduler too.
+    wait_for("the scheduler to count 34 fires, 0 pending", T, || {
         let s = s_handle.stats();
-        (s.fired == 30 && s.pending == 0).then_some(())
+        (s.fired == 34 && s.pending == 0).then_some(())
     });
 
     let (code, text) = get(s_addr, "/metrics", None);
     assert_eq!(code, 200);
     let fired = s_handle.stats().fired;
-    assert_eq!(fired, 30, "the scheduler fired the 30 future jobs");
+    assert_eq!(
+        fired, 34,
+        "the scheduler fired the 30 future jobs and the 4 retries"
+    );
     assert_eq!(sample(&text, "kairos_scheduler_fired_total"), fired as f64);
     assert_eq!(
         sample(&text, "kairos_scheduler_fire_lateness_seconds_count"),
@@ -125,7 +145,14 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
 
     let (code, text) = get(w_addr, "/metrics", None);
     assert_eq!(code, 200);
-    assert_eq!(sample(&text, "kairos_worker_succeeded_total"), 40.0);
+    assert_eq!(sample(&text, "kairos_worker_succeeded_total"), 37.0);
+    assert_eq!(sample(&text, "kairos_worker_retried_total"), 4.0);
+    assert_eq!(sample(&text, "kairos_worker_dead_lettered_total"), 3.0);
+    assert_eq!(
+        sample(&text, "kairos_worker_started_total"),
+        44.0,
+        "40 jobs and 4 retries"
+    );
     assert_eq!(
         sample(&text, "kairos_worker_started_total"),
         w_handle.stats().started as f64
@@ -144,9 +171,10 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
             &format!("kairos_worker_topic_jobs_total{{topic=\"{work}\",outcome=\"{outcome}\"}}"),
         )
     };
-    assert_eq!(by_topic("succeeded"), 40.0);
-    assert_eq!(by_topic("started"), w_handle.stats().started as f64);
-    assert_eq!(by_topic("dead_lettered"), 0.0);
+    assert_eq!(by_topic("succeeded"), 37.0);
+    assert_eq!(by_topic("started"), 44.0);
+    assert_eq!(by_topic("retried"), 4.0);
+    assert_eq!(by_topic("dead_lettered"), 3.0);
     assert!(sample(&text, "kairos_worker_rebalances_total{kind=\"assigned\"}") >= 1.0);
     assert_eq!(
         sample(&text, "kairos_worker_uncommitted_records"),
@@ -156,7 +184,7 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     let (_, status) = get(w_addr, "/status", None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");
     assert_eq!(status["role"], "worker");
-    assert_eq!(status["stats"]["succeeded"], 40);
+    assert_eq!(status["stats"]["succeeded"], 37);
 
     // Every metric the shipped Grafana dashboard queries is served (the
     // schedule lag once measured, every 5 s).
