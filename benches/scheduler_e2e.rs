@@ -371,6 +371,17 @@ enum Rule {
     Off,
 }
 
+/// Whether a run scrapes the scheduler's `/metrics` meanwhile (every
+/// [`SCRAPE_EVERY`]), to measure what serving metrics costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scraped {
+    Yes,
+    No,
+}
+
+/// How often a scraped run scrapes (Prometheus's default is every 15 s).
+const SCRAPE_EVERY: Duration = Duration::from_millis(100);
+
 fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker, rule: Rule) -> (Config, Running) {
     let cfg = scheduler_config(rt, broker);
     let running = spawn_scheduler(rt, &cfg, rule);
@@ -636,12 +647,15 @@ fn throughput_drain(
     broker: &Broker,
     bodies: &Bodies,
     rule: Rule,
+    scraped: Scraped,
 ) -> Throughput {
     let n = bodies.keys.len();
     let cfg = scheduler_config(rt, broker);
     let w = Writer::new(&cfg, &cfg.topics.schedule);
     write_past_due(w, bodies, "backlog");
     let running = spawn_scheduler(rt, &cfg, rule);
+    let scraper = (scraped == Scraped::Yes)
+        .then(|| common::Scraper::start(running.admin.expect("admin endpoint"), SCRAPE_EVERY));
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut first_ingest = None;
     let mut first_fire = None;
@@ -667,6 +681,9 @@ fn throughput_drain(
         );
         std::thread::sleep(Duration::from_millis(1));
     };
+    if let Some(s) = scraper {
+        assert!(s.finish() > 0, "the endpoint was scraped");
+    }
     let t0 = first_ingest.expect("ingested before fired");
     eprintln!(
         "  drain: first fire acked at {:.3} s",
@@ -936,6 +953,7 @@ fn main() {
         let mut relays = Vec::new();
         let mut drains = Vec::new();
         let mut drains_off = Vec::new();
+        let mut drains_scraped = Vec::new();
         let mut durables = Vec::new();
         let lead = Duration::from_secs(env_u64("KAIROS_BENCH_LEAD_SECS", 20));
         for round in 1..=rounds {
@@ -946,7 +964,7 @@ fn main() {
                 raw.secs,
                 raw.written_secs
             );
-            let d = throughput_drain(&rt, &broker, &bodies, Rule::On);
+            let d = throughput_drain(&rt, &broker, &bodies, Rule::On, Scraped::No);
             println!(
                 "  round {round} drain  {:>9.0} fired/s    ({:.2} s from the first job ingested to the last fire acked, all ingested at {}, {} duplicates)",
                 d.rate(n),
@@ -957,13 +975,22 @@ fn main() {
             drains.push(d.rate(n) / raw.rate(n));
             // The same drain with the rule off: what waiting to have read a
             // job's partition up to its run-at costs here.
-            let off = throughput_drain(&rt, &broker, &bodies, Rule::Off);
+            let off = throughput_drain(&rt, &broker, &bodies, Rule::Off, Scraped::No);
             println!(
                 "  round {round} drain, rule off {:>9.0} fired/s ({:.2} s; reference: fires as soon as due, a cancel not yet read loses)",
                 off.rate(n),
                 off.secs,
             );
             drains_off.push(off.rate(n) / raw.rate(n));
+            // The same drain with its /metrics scraped every 100 ms.
+            let scraped = throughput_drain(&rt, &broker, &bodies, Rule::On, Scraped::Yes);
+            println!(
+                "  round {round} drain, metrics scraped {:>9.0} fired/s ({:.2} s): on/off {:.2}x (target >= 0.95x)",
+                scraped.rate(n),
+                scraped.secs,
+                scraped.rate(n) / d.rate(n)
+            );
+            drains_scraped.push(scraped.rate(n) / d.rate(n));
             let dur = throughput_durable(&rt, &broker, &bodies, lead);
             println!(
                 "  round {round} durable: ingest {:>9.0} jobs/s ({:.2} s, persisted {:.1} s before the run-at), \
@@ -1065,6 +1092,14 @@ fn main() {
              (on/off = {:.2}; off per round {})",
             drain / off,
             drains_off.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+        );
+        println!("  {line}");
+        summary.push(line);
+        let line = format!(
+            "metrics on/off on the drain (/metrics scraped every {SCRAPE_EVERY:?} / not scraped): {:.2} (per round {}) — target >= 0.95: {}",
+            mean(&drains_scraped),
+            drains_scraped.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            if mean(&drains_scraped) >= 0.95 { "MET" } else { "NOT MET" }
         );
         println!("  {line}");
         summary.push(line);

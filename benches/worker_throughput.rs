@@ -83,6 +83,10 @@ const CONCURRENCY: usize = 256;
 const RUNS: usize = 2;
 /// How often the worker's counters are read.
 const STATS_POLL: Duration = Duration::from_millis(2);
+
+/// How often the "metrics on" runs scrape `/metrics` (Prometheus's default
+/// is every 15 s).
+const SCRAPE_EVERY: Duration = Duration::from_millis(100);
 /// Longest a single run may take before the bench gives up.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -302,10 +306,19 @@ fn plain_run(brokers: &str, topic: &str, n: u64) -> Timing {
 
 /// A Kairos worker with a no-op handler in a fresh group, until `n` jobs
 /// succeeded; `max_buffered` overrides `[worker] max_buffered`.
-async fn kairos_run_a(cfg: &Config, topic: &str, n: u64, max_buffered: Option<usize>) -> Timing {
+async fn kairos_run_a(
+    cfg: &Config,
+    topic: &str,
+    n: u64,
+    max_buffered: Option<usize>,
+    scraped: bool,
+) -> Timing {
     let mut cfg = cfg.clone();
     if let Some(m) = max_buffered {
         cfg.worker.max_buffered = m;
+    }
+    if scraped {
+        cfg.worker.admin.listen = Some("127.0.0.1:0".parse().expect("address"));
     }
     let worker = Worker::builder(&cfg)
         .topics([topic])
@@ -313,7 +326,13 @@ async fn kairos_run_a(cfg: &Config, topic: &str, n: u64, max_buffered: Option<us
         .concurrency(CONCURRENCY)
         .build(|_job: Job, _ctx: JobContext| async { Outcome::done() })
         .expect("worker");
+    let scraper = worker
+        .admin_addr()
+        .map(|addr| common::Scraper::start(addr, SCRAPE_EVERY));
     let (timing, stats) = run_worker_until(worker, n).await;
+    if let Some(s) = scraper {
+        assert!(s.finish() > 0, "the endpoint was scraped");
+    }
     assert_eq!(
         (stats.dead_lettered, stats.retried, stats.panicked),
         (0, 0, 0),
@@ -395,18 +414,30 @@ fn bench_a(rt: &Runtime, broker: &Broker, n: u64) -> bool {
     let mut plain = Vec::new();
     let mut kairos = Vec::new();
     let mut unpaused = Vec::new();
+    let mut scraped = Vec::new();
     for run in 1..=RUNS {
         let p = plain_run(&cfg.kafka.brokers, &topic, n);
         println!("  run {run} plain consumer:        {}", p.describe("records"));
         plain.push(p);
-        let k = rt.block_on(kairos_run_a(&cfg, &topic, n, None));
+        let k = rt.block_on(kairos_run_a(&cfg, &topic, n, None, false));
         println!("  run {run} kairos:                {}", k.describe("jobs"));
         kairos.push(k);
-        let u = rt.block_on(kairos_run_a(&cfg, &topic, n, Some(n as usize)));
+        let m = rt.block_on(kairos_run_a(&cfg, &topic, n, None, true));
+        println!("  run {run} kairos, metrics scraped: {}", m.describe("jobs"));
+        scraped.push(m);
+        let u = rt.block_on(kairos_run_a(&cfg, &topic, n, Some(n as usize), false));
         println!("  run {run} kairos, never paused:  {}", u.describe("jobs"));
         unpaused.push(u);
     }
     let (p, k, u) = (best(&plain), best(&kairos), best(&unpaused));
+    let m = best(&scraped);
+    println!(
+        "  metrics on/off: the worker with its endpoint scraped every {SCRAPE_EVERY:?} / without: {:.2}x \
+         ({:.0} against {:.0} jobs/s; target >= 0.95x)",
+        m.rate() / k.rate(),
+        m.rate(),
+        k.rate()
+    );
     let ratio = k.rate() / p.rate();
     println!();
     println!(

@@ -343,3 +343,39 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> i64 {
         .filter(|o| *o >= 0)
         .sum()
 }
+
+/// Scrapes an admin endpoint's `/metrics` every `every` on a thread of its
+/// own until dropped, as an eager Prometheus would (the benches' "metrics
+/// on" runs).
+pub struct Scraper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Scraper {
+    /// Start scraping `addr`.
+    pub fn start(addr: std::net::SocketAddr, every: Duration) -> Scraper {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut scrapes = 0;
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((200, _)) = kairos::admin::get(addr, "/metrics", None) {
+                    scrapes += 1;
+                }
+                std::thread::sleep(every);
+            }
+            scrapes
+        });
+        Scraper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; how many scrapes were answered.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
