@@ -728,7 +728,7 @@ struct Durable {
 fn kairos_stats(cfg: &Config, admin: std::net::SocketAddr) -> (f64, u64) {
     let t = Instant::now();
     kairos::overview::topics(cfg).expect("topic figures");
-    let held = kairos::overview::schedulers(cfg, &[admin]);
+    let held = kairos::overview::schedulers(cfg, &[admin], false);
     assert!(held.unreachable.is_empty(), "{held:?}");
     (t.elapsed().as_secs_f64() * 1e3, held.pending)
 }

@@ -42,6 +42,11 @@ pub trait Source: Send + Sync + 'static {
         let _ = id;
         Ok(None)
     }
+    /// Pending jobs per work topic, by when they come due (answers
+    /// `GET /pending`; reads every pending job).
+    fn pending_by_topic(&self) -> Result<serde_json::Value, String> {
+        Err("no pending jobs here".into())
+    }
     /// The dashboard page served at `/`, if this process has one.
     fn page(&self) -> Option<&'static str> {
         None
@@ -119,6 +124,7 @@ impl Admin {
             .route("/jobs/{id}", routing::get(job))
             .route("/", routing::get(page))
             .route("/dlq", routing::get(dead_letters))
+            .route("/pending", routing::get(pending))
             .route("/dlq/replay", routing::post(replay))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             .with_state(state);
@@ -281,6 +287,10 @@ async fn json_from(
         ),
         Err(resp) => resp,
     }
+}
+
+async fn pending(State(s): State<Arc<Served>>) -> Response {
+    json_from(&s, |src| src.pending_by_topic()).await
 }
 
 async fn dead_letters(State(s): State<Arc<Served>>) -> Response {

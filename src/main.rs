@@ -92,6 +92,10 @@ enum Command {
         /// (default: `[scheduler.admin] listen`).
         #[arg(long = "admin")]
         admin: Vec<std::net::SocketAddr>,
+        /// Also count the jobs held per work topic (each scheduler reads
+        /// every pending job for it).
+        #[arg(long)]
+        by_topic: bool,
     },
     /// A pending job by id: run-at, topic, key, tenant, attempt, where it
     /// is stored (asks the schedulers' admin endpoints).
@@ -225,6 +229,13 @@ fn print_stats(figures: &[kairos::overview::TopicFigures], held: &kairos::overvi
         let n = held.pending_by_due.get(span).copied().unwrap_or(0);
         println!("  due {span:<6} {n:>10}");
     }
+    for (topic, spans) in held.by_topic.iter().flatten() {
+        let shown: Vec<String> = kairos::overview::DUE_SPANS
+            .iter()
+            .map(|d| format!("{d} {}", spans.get(*d).copied().unwrap_or(0)))
+            .collect();
+        println!("  {topic}: {}", shown.join(", "));
+    }
     for u in &held.unreachable {
         println!("  not answering: {u}");
     }
@@ -305,12 +316,18 @@ async fn main() -> anyhow::Result<()> {
                 .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
         }
-        Command::Stats { json, admin } => {
+        Command::Stats {
+            json,
+            admin,
+            by_topic,
+        } => {
             let c = cfg.clone();
             let figures = tokio::task::spawn_blocking(move || kairos::overview::topics(&c)).await??;
             let c = cfg.clone();
             let addrs = kairos::overview::admin_addrs(&cfg, &admin);
-            let held = tokio::task::spawn_blocking(move || kairos::overview::schedulers(&c, &addrs)).await?;
+            let held =
+                tokio::task::spawn_blocking(move || kairos::overview::schedulers(&c, &addrs, by_topic))
+                    .await?;
             if json {
                 let out = serde_json::json!({"topics": figures, "scheduler": held});
                 println!("{}", serde_json::to_string_pretty(&out)?);

@@ -25,7 +25,7 @@ pub(super) async fn held(
     }
     let c = cfg.clone();
     let (held, job) = tokio::task::spawn_blocking(move || {
-        let held = crate::overview::schedulers(&c, &[addr]);
+        let held = crate::overview::schedulers(&c, &[addr], false);
         let job = crate::overview::find_job(&c, &[addr], &example.to_string());
         (held, job)
     })

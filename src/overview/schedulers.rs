@@ -25,6 +25,10 @@ pub struct SchedulerFigures {
     /// The same by when they come due: already due (`now`), within a
     /// minute, an hour, a day, `later` (the keys of [`DUE_SPANS`]).
     pub pending_by_due: BTreeMap<String, u64>,
+    /// The same per work topic, exact, when asked for ([`schedulers`] with
+    /// `by_topic`: each scheduler reads every pending job for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_topic: Option<BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
 /// The admin endpoints to ask: `given`, or the configured one (an
@@ -49,8 +53,9 @@ pub fn admin_addrs(cfg: &Config, given: &[SocketAddr]) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// Ask each scheduler at `addrs` for its `/status`, and sum what they hold.
-pub fn schedulers(cfg: &Config, addrs: &[SocketAddr]) -> SchedulerFigures {
+/// Ask each scheduler at `addrs` for its `/status` (and, with `by_topic`,
+/// its `/pending`), and sum what they hold.
+pub fn schedulers(cfg: &Config, addrs: &[SocketAddr], by_topic: bool) -> SchedulerFigures {
     let token = cfg.scheduler.admin.token.as_deref();
     let mut out = SchedulerFigures {
         pending_by_due: DUE_SPANS.iter().map(|d| (d.to_string(), 0)).collect(),
@@ -71,6 +76,26 @@ pub fn schedulers(cfg: &Config, addrs: &[SocketAddr]) -> SchedulerFigures {
                 }
             }
             Err(e) => out.unreachable.push(format!("{addr}: {e}")),
+        }
+        if by_topic {
+            let per = match admin::get(*addr, "/pending", token) {
+                Ok((200, body)) => serde_json::from_str::<BTreeMap<String, BTreeMap<String, u64>>>(&body)
+                    .map_err(|e| e.to_string()),
+                Ok((code, body)) => Err(format!("HTTP {code}: {}", body.trim())),
+                Err(e) => Err(e.to_string()),
+            };
+            match per {
+                Ok(per) => {
+                    let all = out.by_topic.get_or_insert_with(BTreeMap::new);
+                    for (topic, spans) in per {
+                        let t = all.entry(topic).or_default();
+                        for (span, n) in spans {
+                            *t.entry(span).or_default() += n;
+                        }
+                    }
+                }
+                Err(e) => out.unreachable.push(format!("{addr} /pending: {e}")),
+            }
         }
     }
     out

@@ -403,6 +403,13 @@ async fn kairos_stats_counts_the_jobs_held_by_when_they_come_due_and_kairos_job_
     assert!(due("1m") >= 5, "{shown}");
     assert_eq!(due("1m") + due("1h"), 13, "{shown}");
     assert_eq!((due("1d"), due("later")), (3, 2), "{shown}");
+    // Per topic, every job read: exact (the two topics of this test).
+    let shown = kairos_json(&file_cfg, dir.path(), &["stats", "--json", "--by-topic"]);
+    let per = &shown["scheduler"]["by_topic"];
+    assert_eq!(per[work.as_str()]["1m"], 5, "{shown}");
+    assert_eq!(per[work.as_str()]["1h"], 8, "{shown}");
+    assert_eq!(per[work.as_str()]["1d"], 3, "{shown}");
+    assert_eq!(per[work.as_str()]["later"], 2, "{shown}");
     let (_, text) = get(addr, "/metrics", None);
     let metric = |span: &str| {
         sample(

@@ -100,7 +100,8 @@ pub(super) async fn finish_fire(
                 done.push(item);
             }
             Err(e) if kafka::is_unknown_topic(&e) => {
-                warn!(job_id = %s.job.id, topic = %s.job.topic, "work topic does not exist; dead-lettering");
+                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                    offset = k.seq, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
                 let d = DeadLetter {
                     reason,
@@ -111,7 +112,8 @@ pub(super) async fn finish_fire(
                 dead.push((item, wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter)));
             }
             Err(e) => {
-                warn!(job_id = %s.job.id, topic = %s.job.topic, error = %e, "fire failed; will retry");
+                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                    offset = k.seq, error = %e, "fire failed; will retry");
                 retry.push(item.clone());
             }
         }
@@ -125,7 +127,8 @@ pub(super) async fn finish_fire(
                 done.push(item);
             }
             Err(e) => {
-                warn!(job_id = %item.1.job.id, error = %e, "dead-letter write failed; will retry");
+                warn!(job_id = %item.1.job.id, key = %item.1.job.key_lossy(), partition = item.0.partition,
+                    offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
                 retry.push((*item).clone());
             }
         }

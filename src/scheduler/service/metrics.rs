@@ -218,6 +218,38 @@ impl Source for SchedulerHandle {
         })
     }
 
+    /// Per work topic, jobs pending by when they come due (the spans of
+    /// `pending_by_due`, exact: every job is read).
+    fn pending_by_topic(&self) -> Result<serde_json::Value, String> {
+        let shared = &self.shared;
+        let now = shared.clock.now().timestamp_millis();
+        let edges: Vec<i64> = DUE_SPANS.iter().map(|(_, ms)| now.saturating_add(*ms)).collect();
+        let labels: Vec<&str> = DUE_SPANS.iter().map(|(l, _)| *l).chain(["later"]).collect();
+        let mut total: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for p in shared.wheel().partitions() {
+            for (topic, counts) in shared
+                .store
+                .pending_by_topic(p, &edges)
+                .map_err(|e| e.to_string())?
+            {
+                let t = total.entry(topic).or_insert_with(|| vec![0; labels.len()]);
+                t.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+            }
+        }
+        let topics: serde_json::Map<String, serde_json::Value> = total
+            .into_iter()
+            .map(|(topic, counts)| {
+                let spans: serde_json::Map<String, serde_json::Value> = labels
+                    .iter()
+                    .map(|l| l.to_string())
+                    .zip(counts.into_iter().map(|c| json!(c)))
+                    .collect();
+                (topic, serde_json::Value::Object(spans))
+            })
+            .collect();
+        Ok(serde_json::Value::Object(topics))
+    }
+
     fn page(&self) -> Option<&'static str> {
         Some(DASHBOARD)
     }

@@ -416,6 +416,29 @@ impl Store {
         Ok(out)
     }
 
+    /// Pending jobs of `partition` per work topic, by when they come due
+    /// (spans as in [`Store::pending_by_due`], but exact): every job is read,
+    /// so this costs a pass over the partition's pending jobs.
+    pub fn pending_by_topic(
+        &self,
+        partition: i32,
+        edges: &[i64],
+    ) -> Result<BTreeMap<String, Vec<u64>>, StoreError> {
+        let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let _pin = self.log.pin();
+        for kind in [N, B] {
+            for item in self.tree.scan_prefix(prefix(kind, partition)) {
+                let (_, v) = item?;
+                for j in load_jobs(&self.log, &v)? {
+                    let topic = j.decode()?.job.topic;
+                    let spans = out.entry(topic).or_insert_with(|| vec![0; edges.len() + 1]);
+                    spans[edges.partition_point(|e| *e <= j.run_at_ms)] += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The earliest near job of `partition`.
     pub fn next_due(&self, partition: i32) -> Result<Option<DueKey>, StoreError> {
         Ok(match self.tree.scan_prefix(prefix(N, partition)).keys().next() {

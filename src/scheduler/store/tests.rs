@@ -514,4 +514,11 @@ fn pending_jobs_are_counted_by_when_they_come_due_without_reading_them() {
     // A far bucket counts at its start: never in a later span than its jobs.
     let coarse = s.pending_by_due(0, &[now + 60_000]).unwrap();
     assert_eq!(coarse, vec![203, 309]);
+    // By topic, every job read: exact.
+    let other =
+        Job::new("reports", "r", b"p".to_vec()).at(Utc.timestamp_millis_opt(now + 1_800_000).unwrap());
+    s.apply(0, &[put(&other, 9_999)], None).unwrap();
+    let by_topic = s.pending_by_topic(0, &edges).unwrap();
+    assert_eq!(by_topic["jobs"], vec![3, 200, 300, 7, 2]);
+    assert_eq!(by_topic["reports"], vec![0, 0, 1, 0, 0]);
 }
