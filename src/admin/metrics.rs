@@ -159,6 +159,20 @@ impl Metrics {
         self
     }
 
+    /// `kairos_<service>_rebalances_total{kind}`: partition assignments
+    /// (`assigned`) and revocations (`revoked`) a consumer served.
+    pub fn rebalances(&mut self, service: &str, assigned: u64, revoked: u64) -> &mut Self {
+        self.counter_by(
+            &format!("kairos_{service}_rebalances"),
+            "Partition assignments and revocations served.",
+            &["kind"],
+            [
+                (vec!["assigned".to_string()], assigned),
+                (vec!["revoked".to_string()], revoked),
+            ],
+        )
+    }
+
     /// A histogram of durations in seconds.
     pub fn histogram(&mut self, name: &str, help: &str, h: &Histogram) -> &mut Self {
         self.registry

@@ -170,20 +170,10 @@ impl Source for SchedulerHandle {
             "Bytes the store takes on disk (sled and its value log).",
             self.shared.store.size_on_disk().map_or(-1, |b| b as i64),
         )
-        .counter_by(
-            "kairos_scheduler_rebalances",
-            "Partition assignments and revocations served.",
-            &["kind"],
-            [
-                (
-                    vec!["assigned".to_string()],
-                    self.shared.stats.assigned.load(Ordering::Relaxed),
-                ),
-                (
-                    vec!["revoked".to_string()],
-                    self.shared.stats.revoked.load(Ordering::Relaxed),
-                ),
-            ],
+        .rebalances(
+            "scheduler",
+            self.shared.stats.assigned.load(Ordering::Relaxed),
+            self.shared.stats.revoked.load(Ordering::Relaxed),
         )
         .histogram(
             "kairos_scheduler_catch_up_seconds",

@@ -78,20 +78,10 @@ impl Source for WorkerHandle {
             &["topic", "outcome"],
             by_topic(self),
         )
-        .counter_by(
-            "kairos_worker_rebalances",
-            "Partition assignments and revocations served.",
-            &["kind"],
-            [
-                (
-                    vec!["assigned".to_string()],
-                    self.shared.stats.assigned.load(Ordering::Relaxed),
-                ),
-                (
-                    vec!["revoked".to_string()],
-                    self.shared.stats.revoked.load(Ordering::Relaxed),
-                ),
-            ],
+        .rebalances(
+            "worker",
+            self.shared.stats.assigned.load(Ordering::Relaxed),
+            self.shared.stats.revoked.load(Ordering::Relaxed),
         )
         .gauge(
             "kairos_worker_uncommitted_records",
