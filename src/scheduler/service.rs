@@ -37,10 +37,11 @@ mod metrics;
 mod persist;
 mod probe;
 mod rebalance;
+mod stats;
 mod upkeep;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -65,6 +66,8 @@ use dispatch::dispatch_loop;
 use firing::Firing;
 use probe::probe_loop;
 use rebalance::Ctx;
+pub use stats::SchedulerStats;
+use stats::{stats, Stats};
 use upkeep::cascade_loop;
 
 /// Why the scheduler stopped.
@@ -89,59 +92,6 @@ pub enum SchedulerError {
     /// The ingest thread ended abnormally.
     #[error("scheduler stopped: {0}")]
     Fatal(String),
-}
-
-/// Counters, for status lines and tests.
-#[derive(Default)]
-struct Stats {
-    ingested: AtomicU64,
-    fired: AtomicU64,
-    fired_direct: AtomicU64,
-    cancelled: AtomicU64,
-    too_late: AtomicU64,
-    skipped: AtomicU64,
-    dead_lettered: AtomicU64,
-    replayed: AtomicU64,
-    /// Fire time (acknowledged) − run-at of each job fired.
-    fire_lateness: crate::admin::Histogram,
-    /// How long each assignment's changelog catch-up took.
-    catch_up: crate::admin::Histogram,
-    /// Partition assignments and revocations served.
-    assigned: AtomicU64,
-    revoked: AtomicU64,
-    /// Per owned schedule partition, records not yet read (end − position),
-    /// measured every few seconds by the ingest thread.
-    schedule_lag: Mutex<HashMap<i32, i64>>,
-}
-
-/// A snapshot of what the scheduler holds and has done.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct SchedulerStats {
-    /// Schedule partitions owned.
-    pub owned: Vec<i32>,
-    /// Jobs pending in owned partitions.
-    pub pending: u64,
-    /// Jobs held in memory (the window).
-    pub in_memory: usize,
-    /// Schedule records ingested since start.
-    pub ingested: u64,
-    /// Jobs fired since start.
-    pub fired: u64,
-    /// Of those, jobs already due on arrival, fired straight from memory.
-    pub fired_direct: u64,
-    /// Cancels applied since start.
-    pub cancelled: u64,
-    /// Cancels and reschedules that met their job being fired
-    /// (too late: the job fires as it was) since start.
-    pub too_late: u64,
-    /// Records read again that had been handled before (their offsets were
-    /// not committed when the previous owner stopped), skipped, since start.
-    pub skipped: u64,
-    /// Records dead-lettered since start.
-    pub dead_lettered: u64,
-    /// Changelog records read to rebuild partitions since start (a restart
-    /// on its own store reads only what changed while it was away).
-    pub replayed: u64,
 }
 
 /// State shared by the service's threads (ingest, apply, probe) and tasks
@@ -470,30 +420,6 @@ impl SchedulerHandle {
     /// Wake the dispatcher to look at the clock again.
     pub fn wake(&self) {
         self.shared.wake.notify_one();
-    }
-}
-
-fn stats(shared: &Shared) -> SchedulerStats {
-    let (owned, in_memory) = {
-        let w = shared.wheel();
-        (w.partitions(), w.len())
-    };
-    let pending = owned
-        .iter()
-        .map(|p| shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0))
-        .sum();
-    SchedulerStats {
-        owned,
-        pending,
-        in_memory,
-        ingested: shared.stats.ingested.load(Ordering::Relaxed),
-        fired: shared.stats.fired.load(Ordering::Relaxed),
-        fired_direct: shared.stats.fired_direct.load(Ordering::Relaxed),
-        cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
-        too_late: shared.stats.too_late.load(Ordering::Relaxed),
-        skipped: shared.stats.skipped.load(Ordering::Relaxed),
-        dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
-        replayed: shared.stats.replayed.load(Ordering::Relaxed),
     }
 }
 

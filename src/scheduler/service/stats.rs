@@ -1,0 +1,86 @@
+//! The scheduler's counters, and the snapshot of them it reports
+//! ([`SchedulerStats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::Shared;
+use crate::hash::HashMap;
+
+/// Counters, for status lines and tests.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) ingested: AtomicU64,
+    pub(super) fired: AtomicU64,
+    pub(super) fired_direct: AtomicU64,
+    pub(super) cancelled: AtomicU64,
+    pub(super) too_late: AtomicU64,
+    pub(super) skipped: AtomicU64,
+    pub(super) dead_lettered: AtomicU64,
+    pub(super) replayed: AtomicU64,
+    /// Fire time (acknowledged) − run-at of each job fired.
+    pub(super) fire_lateness: crate::admin::Histogram,
+    /// How long each assignment's changelog catch-up took.
+    pub(super) catch_up: crate::admin::Histogram,
+    /// Partition assignments and revocations served.
+    pub(super) assigned: AtomicU64,
+    pub(super) revoked: AtomicU64,
+    /// Per owned schedule partition, records not yet read (end − position),
+    /// measured every few seconds by the ingest thread.
+    pub(super) schedule_lag: Mutex<HashMap<i32, i64>>,
+}
+
+/// A snapshot of what the scheduler holds and has done.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SchedulerStats {
+    /// Schedule partitions owned.
+    pub owned: Vec<i32>,
+    /// Jobs pending in owned partitions.
+    pub pending: u64,
+    /// Jobs held in memory (the window).
+    pub in_memory: usize,
+    /// Schedule records ingested since start.
+    pub ingested: u64,
+    /// Jobs fired since start.
+    pub fired: u64,
+    /// Of those, jobs already due on arrival, fired straight from memory.
+    pub fired_direct: u64,
+    /// Cancels applied since start.
+    pub cancelled: u64,
+    /// Cancels and reschedules that met their job being fired
+    /// (too late: the job fires as it was) since start.
+    pub too_late: u64,
+    /// Records read again that had been handled before (their offsets were
+    /// not committed when the previous owner stopped), skipped, since start.
+    pub skipped: u64,
+    /// Records dead-lettered since start.
+    pub dead_lettered: u64,
+    /// Changelog records read to rebuild partitions since start (a restart
+    /// on its own store reads only what changed while it was away).
+    pub replayed: u64,
+}
+
+/// What `shared` holds and has done now.
+pub(super) fn stats(shared: &Shared) -> SchedulerStats {
+    let (owned, in_memory) = {
+        let w = shared.wheel();
+        (w.partitions(), w.len())
+    };
+    let pending = owned
+        .iter()
+        .map(|p| shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0))
+        .sum();
+    SchedulerStats {
+        owned,
+        pending,
+        in_memory,
+        ingested: shared.stats.ingested.load(Ordering::Relaxed),
+        fired: shared.stats.fired.load(Ordering::Relaxed),
+        fired_direct: shared.stats.fired_direct.load(Ordering::Relaxed),
+        cancelled: shared.stats.cancelled.load(Ordering::Relaxed),
+        too_late: shared.stats.too_late.load(Ordering::Relaxed),
+        skipped: shared.stats.skipped.load(Ordering::Relaxed),
+        dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
+        replayed: shared.stats.replayed.load(Ordering::Relaxed),
+    }
+}
