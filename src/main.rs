@@ -96,6 +96,10 @@ enum Command {
         /// every pending job for it).
         #[arg(long)]
         by_topic: bool,
+        /// Worker admin endpoints to ask for the jobs they hold and run
+        /// (default: `[worker.admin] listen`).
+        #[arg(long = "worker-admin")]
+        worker_admin: Vec<std::net::SocketAddr>,
     },
     /// A pending job by id: run-at, topic, key, tenant, attempt, where it
     /// is stored (asks the schedulers' admin endpoints).
@@ -201,46 +205,6 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
-fn print_stats(figures: &[kairos::overview::TopicFigures], held: &kairos::overview::SchedulerFigures) {
-    println!(
-        "{:<12} {:<40} {:>10} {:>10}  group",
-        "role", "topic", "records", "lag"
-    );
-    for f in figures {
-        let lag = f.lag.map_or("-".into(), |l| l.to_string());
-        let group = f.group.as_deref().unwrap_or("-");
-        println!(
-            "{:<12} {:<40} {:>10} {lag:>10}  {group}",
-            f.role, f.topic, f.records
-        );
-    }
-    if held.asked.is_empty() {
-        println!(
-            "\njobs waiting in the scheduler: no admin endpoint known ([scheduler.admin] listen, or --admin)"
-        );
-        return;
-    }
-    println!(
-        "\njobs waiting in the scheduler: {} (asked {})",
-        held.pending,
-        held.asked.join(", ")
-    );
-    for span in kairos::overview::DUE_SPANS {
-        let n = held.pending_by_due.get(span).copied().unwrap_or(0);
-        println!("  due {span:<6} {n:>10}");
-    }
-    for (topic, spans) in held.by_topic.iter().flatten() {
-        let shown: Vec<String> = kairos::overview::DUE_SPANS
-            .iter()
-            .map(|d| format!("{d} {}", spans.get(*d).copied().unwrap_or(0)))
-            .collect();
-        println!("  {topic}: {}", shown.join(", "));
-    }
-    for u in &held.unreachable {
-        println!("  not answering: {u}");
-    }
-}
-
 fn parse_time(text: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     kairos::wire::parse_time(text).map_err(|p| anyhow::anyhow!("--at {p}"))
 }
@@ -320,24 +284,30 @@ async fn main() -> anyhow::Result<()> {
             json,
             admin,
             by_topic,
+            worker_admin,
         } => {
             let c = cfg.clone();
             let figures = tokio::task::spawn_blocking(move || kairos::overview::topics(&c)).await??;
             let c = cfg.clone();
-            let addrs = kairos::overview::admin_addrs(&cfg, &admin);
-            let held =
-                tokio::task::spawn_blocking(move || kairos::overview::schedulers(&c, &addrs, by_topic))
-                    .await?;
+            let addrs = kairos::overview::admin_addrs(cfg.scheduler.admin.listen, &admin);
+            let workers = kairos::overview::admin_addrs(cfg.worker.admin.listen, &worker_admin);
+            let (held, busy) = tokio::task::spawn_blocking(move || {
+                (
+                    kairos::overview::schedulers(&c, &addrs, by_topic),
+                    kairos::overview::workers(&c, &workers),
+                )
+            })
+            .await?;
             if json {
-                let out = serde_json::json!({"topics": figures, "scheduler": held});
+                let out = serde_json::json!({"topics": figures, "scheduler": held, "workers": busy});
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                print_stats(&figures, &held);
+                print!("{}", kairos::overview::text(&figures, &held, &busy));
             }
         }
         Command::Job { id, json, admin } => {
             let c = cfg.clone();
-            let addrs = kairos::overview::admin_addrs(&cfg, &admin);
+            let addrs = kairos::overview::admin_addrs(cfg.scheduler.admin.listen, &admin);
             let found =
                 tokio::task::spawn_blocking(move || kairos::overview::find_job(&c, &addrs, &id)).await??;
             match found {

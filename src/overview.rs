@@ -8,8 +8,12 @@
 //! [`schedulers`] asks them.
 
 mod schedulers;
+mod text;
 
-pub use schedulers::{admin_addrs, find_job, schedulers, JobLookupError, SchedulerFigures, DUE_SPANS};
+pub use schedulers::{
+    admin_addrs, find_job, schedulers, workers, JobLookupError, SchedulerFigures, WorkerFigures, DUE_SPANS,
+};
+pub use text::text;
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
-//! What the scheduler instances say through their admin endpoints: the
-//! jobs waiting in their stores by when they come due, and one pending job
-//! by id. The CLI asks the addresses given, or the one in `[scheduler.admin]`.
+//! What the services say through their admin endpoints: the jobs waiting
+//! in the schedulers' stores by when they come due, one pending job by id,
+//! and the jobs the workers hold and run. The CLI asks the addresses given,
+//! or the one in `[scheduler.admin]` / `[worker.admin]`.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -31,15 +32,13 @@ pub struct SchedulerFigures {
     pub by_topic: Option<BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
-/// The admin endpoints to ask: `given`, or the configured one (an
-/// unspecified address, such as `0.0.0.0`, is asked on loopback).
-pub fn admin_addrs(cfg: &Config, given: &[SocketAddr]) -> Vec<SocketAddr> {
+/// The admin endpoints to ask: `given`, or the configured `listen` address
+/// (an unspecified address, such as `0.0.0.0`, is asked on loopback).
+pub fn admin_addrs(listen: Option<SocketAddr>, given: &[SocketAddr]) -> Vec<SocketAddr> {
     if !given.is_empty() {
         return given.to_vec();
     }
-    cfg.scheduler
-        .admin
-        .listen
+    listen
         .map(|mut a| {
             if a.ip().is_unspecified() {
                 a.set_ip(match a.ip() {
@@ -53,6 +52,49 @@ pub fn admin_addrs(cfg: &Config, given: &[SocketAddr]) -> Vec<SocketAddr> {
         .collect()
 }
 
+/// What the workers that answered say: jobs they hold, per work topic those
+/// running now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerFigures {
+    /// Admin endpoints asked.
+    pub asked: Vec<String>,
+    /// Those that did not answer (with why).
+    pub unreachable: Vec<String>,
+    /// Jobs read and not yet settled (buffered or running), summed.
+    pub open: u64,
+    /// Per work topic, handler runs going on now, summed.
+    pub running_by_topic: BTreeMap<String, u64>,
+}
+
+/// Ask each worker at `addrs` for its `/status`, and sum what they hold.
+pub fn workers(cfg: &Config, addrs: &[SocketAddr]) -> WorkerFigures {
+    let token = cfg.worker.admin.token.as_deref();
+    let mut out = WorkerFigures::default();
+    for addr in addrs {
+        out.asked.push(addr.to_string());
+        match status(*addr, token) {
+            Ok(s) => {
+                out.open += s["stats"]["open"].as_u64().unwrap_or(0);
+                for t in s["by_topic"].as_array().into_iter().flatten() {
+                    let topic = t["topic"].as_str().unwrap_or("?").to_string();
+                    *out.running_by_topic.entry(topic).or_default() += t["running"].as_u64().unwrap_or(0);
+                }
+            }
+            Err(e) => out.unreachable.push(format!("{addr}: {e}")),
+        }
+    }
+    out
+}
+
+/// `GET /status` from an admin endpoint, as JSON.
+fn status(addr: SocketAddr, token: Option<&str>) -> Result<serde_json::Value, String> {
+    match admin::get(addr, "/status", token) {
+        Ok((200, body)) => serde_json::from_str(&body).map_err(|e| e.to_string()),
+        Ok((code, body)) => Err(format!("HTTP {code}: {}", body.trim())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Ask each scheduler at `addrs` for its `/status` (and, with `by_topic`,
 /// its `/pending`), and sum what they hold.
 pub fn schedulers(cfg: &Config, addrs: &[SocketAddr], by_topic: bool) -> SchedulerFigures {
@@ -63,12 +105,7 @@ pub fn schedulers(cfg: &Config, addrs: &[SocketAddr], by_topic: bool) -> Schedul
     };
     for addr in addrs {
         out.asked.push(addr.to_string());
-        let status = match admin::get(*addr, "/status", token) {
-            Ok((200, body)) => serde_json::from_str::<serde_json::Value>(&body).map_err(|e| e.to_string()),
-            Ok((code, body)) => Err(format!("HTTP {code}: {}", body.trim())),
-            Err(e) => Err(e.to_string()),
-        };
-        match status {
+        match status(*addr, token) {
             Ok(s) => {
                 out.pending += s["stats"]["pending"].as_u64().unwrap_or(0);
                 for (span, n) in out.pending_by_due.iter_mut() {

@@ -132,6 +132,8 @@ struct TopicCounts {
     succeeded: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    /// Runs that ended without settling (their partition was let go).
+    unsettled: AtomicU64,
 }
 
 /// A snapshot of the worker's counters.

@@ -186,6 +186,25 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     assert_eq!(status["role"], "worker");
     assert_eq!(status["stats"]["succeeded"], 37);
 
+    // kairos stats asks both endpoints: nothing held or running now.
+    let mut file_cfg = cfg.clone();
+    file_cfg.scheduler.admin.listen = Some(s_addr);
+    file_cfg.worker.admin.listen = Some(w_addr);
+    let shown = kairos_json(&file_cfg, dir.path(), &["stats", "--json"]);
+    assert_eq!(shown["scheduler"]["pending"], 0, "{shown}");
+    assert_eq!(
+        shown["workers"]["asked"],
+        serde_json::json!([w_addr.to_string()]),
+        "{shown}"
+    );
+    assert_eq!(shown["workers"]["open"], 0, "{shown}");
+    assert_eq!(shown["workers"]["running_by_topic"][work.as_str()], 0, "{shown}");
+    let by_topic = &status["by_topic"][0];
+    assert_eq!(
+        (&by_topic["topic"], &by_topic["started"]),
+        (&serde_json::json!(work), &serde_json::json!(44))
+    );
+
     // Every metric the shipped Grafana dashboard queries is served (the
     // schedule lag once measured, every 5 s).
     wait_for("the schedule lag measured", T, || {

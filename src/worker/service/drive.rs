@@ -187,7 +187,12 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
             Some(Settled::DeadLettered { .. }) => {
                 (&shared.stats.dead_lettered, by_topic.map(|t| &t.dead_lettered))
             }
-            None => return Finished::unsettled(job, tp, offset, generation),
+            None => {
+                if let Some(t) = by_topic {
+                    t.unsettled.fetch_add(1, Ordering::Relaxed);
+                }
+                return Finished::unsettled(job, tp, offset, generation);
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = topic_counter {

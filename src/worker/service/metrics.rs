@@ -31,6 +31,27 @@ fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// Per work topic: runs started, how they settled, and how many run now.
+fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
+    let s = &h.shared;
+    s.topics
+        .iter()
+        .zip(&s.stats.by_topic)
+        .map(|(topic, c)| {
+            let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+            let ended = load(&c.succeeded) + load(&c.retried) + load(&c.dead_lettered) + load(&c.unsettled);
+            json!({
+                "topic": topic,
+                "started": load(&c.started),
+                "succeeded": load(&c.succeeded),
+                "retried": load(&c.retried),
+                "dead_lettered": load(&c.dead_lettered),
+                "running": load(&c.started).saturating_sub(ended),
+            })
+        })
+        .collect()
+}
+
 /// Records read and not yet below the commit point, over owned partitions.
 fn uncommitted(h: &WorkerHandle) -> i64 {
     h.shared.state().tracker.uncommitted() as i64
@@ -110,6 +131,7 @@ impl Source for WorkerHandle {
             "concurrency": self.shared.concurrency,
             "ready": self.ready(),
             "stats": stats(&self.shared),
+            "by_topic": topics(self),
             "stopping": self.shared.stop.is_cancelled(),
         })
     }
