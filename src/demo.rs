@@ -182,7 +182,9 @@ pub async fn run(
     let wh = worker.handle();
     let worker_admin = worker.admin_addr();
     if let (Some(s), Some(w)) = (sched_admin, worker_admin) {
-        println!("admin      scheduler http://{s}/metrics (and /status, /readyz), worker http://{w}/metrics");
+        println!(
+            "admin      scheduler dashboard http://{s}/ (and /metrics, /status, /readyz), worker http://{w}/metrics"
+        );
     }
     let st = stop.clone();
     let worker_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
