@@ -127,7 +127,7 @@ struct Stats {
 
 /// One work topic's counters.
 #[derive(Default)]
-struct TopicCounts {
+pub(super) struct TopicCounts {
     started: AtomicU64,
     succeeded: AtomicU64,
     retried: AtomicU64,

@@ -181,6 +181,7 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
         0.0,
         "every job read is finished"
     );
+    assert_eq!(sample(&text, "kairos_worker_running_jobs"), 0.0);
     let (_, status) = get(w_addr, "/status", None);
     let status: serde_json::Value = serde_json::from_str(&status).expect("/status is JSON");
     assert_eq!(status["role"], "worker");
@@ -453,6 +454,54 @@ async fn kairos_stats_counts_the_jobs_held_by_when_they_come_due_and_kairos_job_
     assert_eq!(code, 400, "{body}");
     let err = kairos::overview::find_job(&file_cfg, &[addr], &missing).expect("asked");
     assert!(err.is_none());
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_shows_the_runs_going_on_and_the_records_a_crash_would_repeat() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.worker.admin = local();
+    kairos::topics::init(&cfg).await.unwrap();
+    // Three jobs of three keys hold their runs until let go.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let worker = Worker::builder(&cfg)
+        .build(move |_job: Job, _ctx| {
+            let g = g.clone();
+            async move {
+                let _permit = g.acquire().await.expect("gate open");
+                Outcome::done()
+            }
+        })
+        .unwrap();
+    let addr = worker.admin_addr().expect("endpoint bound");
+    let handle = worker.handle();
+    let stop = CancellationToken::new();
+    let st = stop.clone();
+    let task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let jobs = (0..3)
+        .map(|i| Job::new(&work, format!("held-{i}"), b"x".to_vec()))
+        .collect();
+    enqueue_all(&producer, jobs).await;
+    wait_for("3 runs going on", T, || {
+        let (_, text) = get(addr, "/metrics", None);
+        (sample(&text, "kairos_worker_running_jobs") == 3.0).then_some(text)
+    });
+    let (_, text) = get(addr, "/metrics", None);
+    assert_eq!(sample(&text, "kairos_worker_open_jobs"), 3.0);
+    assert!(
+        sample(&text, "kairos_worker_uncommitted_records") >= 3.0,
+        "{text}"
+    );
+    gate.add_permits(3);
+    wait_for("3 jobs done", T, || (handle.stats().succeeded == 3).then_some(()));
+    let (_, text) = get(addr, "/metrics", None);
+    assert_eq!(sample(&text, "kairos_worker_running_jobs"), 0.0);
     stop.cancel();
     task.await.unwrap().unwrap();
 }

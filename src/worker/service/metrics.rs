@@ -31,6 +31,13 @@ fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
+/// Handler runs of one topic going on now: started, not yet ended.
+fn running(c: &super::TopicCounts) -> u64 {
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+    let ended = load(&c.succeeded) + load(&c.retried) + load(&c.dead_lettered) + load(&c.unsettled);
+    load(&c.started).saturating_sub(ended)
+}
+
 /// Per work topic: runs started, how they settled, and how many run now.
 fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
     let s = &h.shared;
@@ -39,14 +46,13 @@ fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
         .zip(&s.stats.by_topic)
         .map(|(topic, c)| {
             let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
-            let ended = load(&c.succeeded) + load(&c.retried) + load(&c.dead_lettered) + load(&c.unsettled);
             json!({
                 "topic": topic,
                 "started": load(&c.started),
                 "succeeded": load(&c.succeeded),
                 "retried": load(&c.retried),
                 "dead_lettered": load(&c.dead_lettered),
-                "running": load(&c.started).saturating_sub(ended),
+                "running": running(c),
             })
         })
         .collect()
@@ -70,6 +76,11 @@ impl Source for WorkerHandle {
             "kairos_worker_open_jobs",
             "Jobs read and not yet settled (buffered or running).",
             s.open as i64,
+        )
+        .gauge(
+            "kairos_worker_running_jobs",
+            "Handler runs going on now (the rest of the open jobs wait in the buffer).",
+            self.shared.stats.by_topic.iter().map(running).sum::<u64>() as i64,
         )
         .counter("kairos_worker_started", "Handler runs started.", s.started)
         .counter("kairos_worker_succeeded", "Jobs done.", s.succeeded)
