@@ -129,6 +129,57 @@ impl FromStr for JobId {
 /// Kafka allows).
 pub type HeaderList = Vec<(String, Option<Vec<u8>>)>;
 
+/// A job's priority class on a fairly dispatched topic: `High` jobs are
+/// released before `Normal` ones, `Normal` before `Low` (see the README's
+/// fair dispatch).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Released first.
+    High,
+    /// The default.
+    #[default]
+    Normal,
+    /// Released when nothing of a higher class waits (and at least once
+    /// every few releases while something does).
+    Low,
+}
+
+impl Priority {
+    /// Its name on the wire (`kairos-priority`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// Its class number, 0 the highest.
+    pub fn class(self) -> usize {
+        self as usize
+    }
+
+    /// From its wire name (`high`, `normal`, `low`; `None` for anything else).
+    pub fn parse(text: &str) -> Option<Priority> {
+        match text {
+            "high" => Some(Priority::High),
+            "normal" => Some(Priority::Normal),
+            "low" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// Its stored byte.
+    pub(crate) fn from_class(class: u8) -> Option<Priority> {
+        [Priority::High, Priority::Normal, Priority::Low]
+            .get(class as usize)
+            .copied()
+    }
+}
+
 /// One unit of work for one entity.
 ///
 /// Build one with [`Job::new`] and the chained setters:
@@ -165,6 +216,11 @@ pub struct Job {
     pub max_attempts: Option<u32>,
     /// The tenant the job is billed to, for fair dispatch across tenants.
     pub tenant: Option<String>,
+    /// Its priority class, for fair dispatch (higher classes go first).
+    pub priority: Priority,
+    /// How long before its run-at the job may run, when workers are idle
+    /// (`None`: never early). Retries never carry it.
+    pub early: Option<Duration>,
     /// Why the previous attempt failed, carried on retries and dead letters.
     pub last_error: Option<String>,
     /// Headers the producer set for its own use, in order, passed through
@@ -184,6 +240,8 @@ impl Job {
             attempt: 1,
             max_attempts: None,
             tenant: None,
+            priority: Priority::Normal,
+            early: None,
             last_error: None,
             headers: Vec::new(),
         }
@@ -209,6 +267,33 @@ impl Job {
     pub fn id(mut self, id: JobId) -> Self {
         self.id = id;
         self
+    }
+
+    /// Release the job in priority class `priority` (fair topics).
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Let the job run up to `allowance` before its run-at when workers are
+    /// idle (kept to millisecond precision, as on the wire).
+    pub fn early(mut self, allowance: Duration) -> Self {
+        self.early = Some(Duration::from_millis(
+            allowance.as_millis().min(u64::MAX as u128) as u64
+        ));
+        self
+    }
+
+    /// The earliest instant the job may start: its run-at, less its early
+    /// allowance if it has one.
+    pub fn earliest_start(&self) -> DateTime<Utc> {
+        let allowance = self
+            .early
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+            .unwrap_or_default();
+        self.run_at
+            .checked_sub_signed(allowance)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
     }
 
     /// Bill the job to `tenant`.

@@ -57,7 +57,7 @@ pub struct ReadmeDoctests;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError};
-pub use job::{Job, JobId};
+pub use job::{Job, JobId, Priority};
 pub use producer::{Enqueue, ProduceError, Producer};
 pub use scheduler::Scheduler;
 pub use wire::{DecodeError, Limits};

@@ -14,6 +14,8 @@
 //! | `kairos-attempt` | integer ≥ 1 | `1` |
 //! | `kairos-max-attempts` | integer ≥ 1 | the worker's setting |
 //! | `kairos-tenant` | text | none |
+//! | `kairos-priority` | `high`, `normal` or `low` | `normal` |
+//! | `kairos-early` | integer milliseconds, 1 to 30 days: how long before its run-at the job may run when workers are idle | never early |
 //! | `kairos-last-error` | text | none |
 //! | `kairos-op` | `schedule`, `cancel` or `reschedule` (schedule topic only) | `schedule` |
 //!
@@ -45,6 +47,9 @@ pub use error::{DecodeError, HeaderProblem};
 /// cannot silently make a delayed job run at once.
 pub const PREFIX: &str = "kairos-";
 
+/// The longest early-start allowance accepted (`kairos-early`), in ms: 30 days.
+pub const MAX_EARLY_MS: u64 = 30 * 86_400_000;
+
 /// The wire contract version this build writes and reads.
 pub const VERSION: &str = "1";
 
@@ -64,6 +69,10 @@ pub mod header {
     pub const MAX_ATTEMPTS: &str = "kairos-max-attempts";
     /// Tenant for fair dispatch.
     pub const TENANT: &str = "kairos-tenant";
+    /// Priority class for fair dispatch: `high`, `normal`, `low`.
+    pub const PRIORITY: &str = "kairos-priority";
+    /// How long before its run-at the job may run (integer ms).
+    pub const EARLY: &str = "kairos-early";
     /// Error of the previous attempt.
     pub const LAST_ERROR: &str = "kairos-last-error";
     /// Operation on the schedule topic: `schedule`, `cancel`, `reschedule`.
@@ -81,7 +90,7 @@ pub mod header {
     pub const DEAD_TRUNCATED: &str = "kairos-dead-truncated";
 
     /// Every name of the contract, in the order they are written.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 16] = [
         VERSION,
         ID,
         RUN_AT,
@@ -89,6 +98,8 @@ pub mod header {
         ATTEMPT,
         MAX_ATTEMPTS,
         TENANT,
+        PRIORITY,
+        EARLY,
         LAST_ERROR,
         OP,
         DEAD_REASON,

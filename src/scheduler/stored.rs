@@ -6,10 +6,14 @@
 
 use chrono::{TimeZone, Utc};
 
-use crate::job::{Job, JobId};
+use crate::job::{Job, JobId, Priority};
 
-/// Format version written first; bump on any change.
+/// Format version written first; bump on any change. Version 2 is version 1
+/// followed by the priority class (1 byte) and the early-start allowance
+/// (ms, 8 bytes, 0 for none); a job with neither is written as version 1,
+/// so stores and changelogs of jobs without them read as before.
 const FORMAT: u8 = 1;
+const FORMAT_2: u8 = 2;
 
 /// A job as the scheduler holds it: the job and its arrival sequence (the
 /// schedule-topic offset it came from), which orders jobs of equal run-at.
@@ -42,7 +46,8 @@ impl StoredJob {
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
         let mut out = Vec::with_capacity(64 + j.key.len() + j.payload.len() + j.topic.len());
-        out.push(FORMAT);
+        let v2 = j.priority != Priority::Normal || j.early.is_some();
+        out.push(if v2 { FORMAT_2 } else { FORMAT });
         out.extend_from_slice(j.id.as_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.extend_from_slice(&j.run_at.timestamp_millis().to_be_bytes());
@@ -58,13 +63,18 @@ impl StoredJob {
             put_bytes(&mut out, k.as_bytes());
             put_opt(&mut out, v.as_deref());
         }
+        if v2 {
+            out.push(j.priority.class() as u8);
+            let early_ms = j.early.map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64);
+            out.extend_from_slice(&early_ms.to_be_bytes());
+        }
         out
     }
 
     /// The id, seq and run-at of encoded bytes, without decoding the rest
     /// (`None` when the bytes are not a job of this format).
     pub fn peek(bytes: &[u8]) -> Option<Peeked> {
-        if bytes.first() != Some(&FORMAT) {
+        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2)) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
@@ -80,7 +90,8 @@ impl StoredJob {
     /// Decode bytes written by [`StoredJob::encode`].
     pub fn decode(bytes: &[u8]) -> Result<StoredJob, CorruptJob> {
         let mut r = Reader(bytes);
-        if r.take(1)?[0] != FORMAT {
+        let version = r.take(1)?[0];
+        if version != FORMAT && version != FORMAT_2 {
             return Err(CorruptJob("unknown format version"));
         }
         let id = JobId::from_bytes(r.array()?);
@@ -100,6 +111,13 @@ impl StoredJob {
             let v = r.opt()?.map(<[u8]>::to_vec);
             headers.push((k, v));
         }
+        let (priority, early) = if version == FORMAT_2 {
+            let priority = Priority::from_class(r.take(1)?[0]).ok_or(CorruptJob("bad priority class"))?;
+            let ms = u64::from_be_bytes(r.array()?);
+            (priority, (ms > 0).then(|| std::time::Duration::from_millis(ms)))
+        } else {
+            (Priority::Normal, None)
+        };
         if !r.0.is_empty() {
             return Err(CorruptJob("trailing bytes"));
         }
@@ -117,6 +135,8 @@ impl StoredJob {
                 attempt,
                 max_attempts: (max != 0).then_some(max),
                 tenant,
+                priority,
+                early,
                 last_error,
                 headers,
             },
@@ -209,19 +229,42 @@ mod tests {
         assert_eq!(StoredJob::peek(&[]), None);
         assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();
-        other[0] = FORMAT + 1;
+        other[0] = FORMAT_2 + 1;
         assert_eq!(StoredJob::peek(&other), None);
+        let mut v2 = s.clone();
+        v2.job = v2.job.early(std::time::Duration::from_secs(5));
+        assert_eq!(StoredJob::peek(&v2.encode()), Some(want));
     }
 
     #[test]
     fn round_trips() {
         let s = sample();
         assert_eq!(StoredJob::decode(&s.encode()).unwrap(), s);
+        assert_eq!(
+            s.encode()[0],
+            FORMAT,
+            "a job without priority or allowance is written as version 1"
+        );
+        let mut v2 = sample();
+        v2.job = v2
+            .job
+            .priority(Priority::Low)
+            .early(std::time::Duration::from_millis(1500));
+        let bytes = v2.encode();
+        assert_eq!(bytes[0], FORMAT_2);
+        assert_eq!(bytes.len(), s.encode().len() + 9);
+        assert_eq!(StoredJob::decode(&bytes).unwrap(), v2);
+        let mut bad = bytes.clone();
+        let at = bad.len() - 9;
+        bad[at] = 7;
+        assert!(StoredJob::decode(&bad).is_err(), "priority class 7");
     }
 
     #[test]
     fn truncation_anywhere_is_an_error_not_a_panic() {
-        let bytes = sample().encode();
+        let mut v2 = sample();
+        v2.job = v2.job.priority(Priority::High);
+        let bytes = v2.encode();
         for n in 0..bytes.len() {
             assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
         }

@@ -5,10 +5,11 @@ use chrono::DateTime;
 use chrono::{TimeZone, Utc};
 
 use super::{
-    header, parse_time, Command, Context, DecodeError, HeaderProblem, Limits, RecordView, PREFIX, VERSION,
+    header, parse_time, Command, Context, DecodeError, HeaderProblem, Limits, RecordView, MAX_EARLY_MS,
+    PREFIX, VERSION,
 };
 
-use crate::job::{HeaderList, Job, JobId};
+use crate::job::{HeaderList, Job, JobId, Priority};
 
 /// The Kairos headers of one record, each found at most once.
 #[derive(Default)]
@@ -54,6 +55,32 @@ impl<'a> Found<'a> {
         u32::try_from(n)
             .map(Some)
             .map_err(|_| bad(name, HeaderProblem::TooLarge(text.to_string())))
+    }
+
+    fn priority(&self) -> Result<Priority, DecodeError> {
+        match self.nonempty_text(header::PRIORITY)? {
+            None => Ok(Priority::Normal),
+            Some(t) => Priority::parse(t.trim())
+                .ok_or_else(|| bad(header::PRIORITY, HeaderProblem::UnknownPriority(t.to_string()))),
+        }
+    }
+
+    fn early(&self) -> Result<Option<std::time::Duration>, DecodeError> {
+        let name = header::EARLY;
+        let Some(text) = self.nonempty_text(name)? else {
+            return Ok(None);
+        };
+        let text = text.trim();
+        let ms: i128 = text
+            .parse()
+            .map_err(|_| bad(name, HeaderProblem::NotAnInteger(text.to_string())))?;
+        if ms < 1 {
+            return Err(bad(name, HeaderProblem::TooSmall { value: ms, min: 1 }));
+        }
+        if ms > MAX_EARLY_MS as i128 {
+            return Err(bad(name, HeaderProblem::EarlyTooLong(text.to_string())));
+        }
+        Ok(Some(std::time::Duration::from_millis(ms as u64)))
     }
 
     fn time(&self, name: &'static str) -> Result<Option<DateTime<Utc>>, DecodeError> {
@@ -210,6 +237,8 @@ pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Resul
         attempt: found.count(header::ATTEMPT)?.unwrap_or(1),
         max_attempts: found.count(header::MAX_ATTEMPTS)?,
         tenant: found.nonempty_text(header::TENANT)?.map(str::to_string),
+        priority: found.priority()?,
+        early: found.early()?,
         last_error: found.text(header::LAST_ERROR)?.map(str::to_string),
         headers: user_headers,
     }))
@@ -260,6 +289,22 @@ pub fn check(job: &Job, limits: &Limits) -> Result<(), DecodeError> {
     }
     if let Some(t) = &job.tenant {
         text(header::TENANT, t)?;
+    }
+    if let Some(d) = job.early {
+        let ms = d.as_millis();
+        if ms < 1 || d.subsec_nanos() % 1_000_000 != 0 {
+            // Sub-millisecond allowances do not survive the wire.
+            return Err(bad(
+                header::EARLY,
+                HeaderProblem::TooSmall {
+                    value: ms as i128,
+                    min: 1,
+                },
+            ));
+        }
+        if ms > MAX_EARLY_MS as u128 {
+            return Err(bad(header::EARLY, HeaderProblem::EarlyTooLong(ms.to_string())));
+        }
     }
     for (name, n) in [
         (header::ATTEMPT, Some(job.attempt)),

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 
 use super::{format_time, header, OwnedRecord, VERSION};
 
-use crate::job::{HeaderList, Job, JobId};
+use crate::job::{HeaderList, Job, JobId, Priority};
 
 /// Encode a job as a record for `destination` (its work topic when firing or
 /// enqueueing a due job, the schedule topic for a future one).
@@ -62,6 +62,12 @@ pub(super) fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
     }
     if let Some(t) = &job.tenant {
         put(header::TENANT, Some(t.as_bytes()));
+    }
+    if job.priority != Priority::Normal {
+        put(header::PRIORITY, Some(job.priority.as_str().as_bytes()));
+    }
+    if let Some(d) = job.early {
+        put(header::EARLY, Some(d.as_millis().to_string().as_bytes()));
     }
     if let Some(e) = &job.last_error {
         put(header::LAST_ERROR, Some(e.as_bytes()));

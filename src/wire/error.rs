@@ -41,6 +41,12 @@ pub enum HeaderProblem {
     /// The operation is not one of the known ones.
     #[error("`{0}` is not one of schedule, cancel, reschedule")]
     UnknownOp(String),
+    /// The priority is not one of the known classes.
+    #[error("`{0}` is not one of high, normal, low")]
+    UnknownPriority(String),
+    /// An early-start allowance beyond the longest accepted.
+    #[error("`{0}` ms is more than {max} ms (30 days)", max = super::MAX_EARLY_MS)]
+    EarlyTooLong(String),
 }
 
 /// Why a record is not a valid job. Each variant names what is wrong; the

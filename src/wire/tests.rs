@@ -42,23 +42,81 @@ fn job_strategy() -> impl Strategy<Value = Job> {
             ),
             0..4,
         ),
+        (0usize..3, proptest::option::of(1u64..=MAX_EARLY_MS)),
     )
-        .prop_map(|(key, payload, ms, topic, attempt, max, tenant, err, hdrs)| Job {
-            id: JobId::new(),
-            key,
-            payload,
-            run_at: Utc.timestamp_millis_opt(ms).unwrap(),
-            topic,
-            attempt,
-            max_attempts: max,
-            tenant,
-            last_error: err,
-            headers: hdrs
-                .into_iter()
-                // user headers must not use the reserved prefix
-                .map(|(k, v)| (format!("x-{k}"), v))
-                .collect(),
-        })
+        .prop_map(
+            |(key, payload, ms, topic, attempt, max, tenant, err, hdrs, (class, early))| Job {
+                id: JobId::new(),
+                key,
+                payload,
+                run_at: Utc.timestamp_millis_opt(ms).unwrap(),
+                topic,
+                attempt,
+                max_attempts: max,
+                tenant,
+                priority: [
+                    crate::job::Priority::High,
+                    crate::job::Priority::Normal,
+                    crate::job::Priority::Low,
+                ][class],
+                early: early.map(std::time::Duration::from_millis),
+                last_error: err,
+                headers: hdrs
+                    .into_iter()
+                    // user headers must not use the reserved prefix
+                    .map(|(k, v)| (format!("x-{k}"), v))
+                    .collect(),
+            },
+        )
+}
+
+#[test]
+fn priority_and_early_allowance_have_defaults_and_typed_errors() {
+    let job = match work(&plain(vec![])).unwrap() {
+        Command::Schedule(j) => j,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((job.priority, job.early), (crate::job::Priority::Normal, None));
+    let job = match work(&plain(vec![
+        ("kairos-priority", Some(b"high")),
+        ("kairos-early", Some(b" 60000 ")),
+    ]))
+    .unwrap()
+    {
+        Command::Schedule(j) => j,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(job.priority, crate::job::Priority::High);
+    assert_eq!(job.early, Some(std::time::Duration::from_secs(60)));
+    let problem = |headers| match work(&plain(headers)) {
+        Err(DecodeError::BadHeader { name, problem }) => (name, problem),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        problem(vec![("kairos-priority", Some(b"urgent"))]),
+        (header::PRIORITY, HeaderProblem::UnknownPriority("urgent".into()))
+    );
+    assert_eq!(
+        problem(vec![("kairos-early", Some(b"0"))]),
+        (header::EARLY, HeaderProblem::TooSmall { value: 0, min: 1 })
+    );
+    assert_eq!(
+        problem(vec![("kairos-early", Some(b"soon"))]),
+        (header::EARLY, HeaderProblem::NotAnInteger("soon".into()))
+    );
+    assert_eq!(
+        problem(vec![("kairos-early", Some(b"2592000001"))]),
+        (header::EARLY, HeaderProblem::EarlyTooLong("2592000001".into()))
+    );
+    // The producer refuses what would not decode.
+    let sub_ms = Job::new("jobs", "k", b"p".to_vec());
+    let sub_ms = Job {
+        early: Some(std::time::Duration::from_micros(1500)),
+        ..sub_ms
+    };
+    assert!(check(&sub_ms, &Limits::default()).is_err());
+    let long = Job::new("jobs", "k", b"p".to_vec()).early(std::time::Duration::from_secs(31 * 86_400));
+    assert!(check(&long, &Limits::default()).is_err());
 }
 
 proptest! {

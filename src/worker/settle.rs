@@ -116,6 +116,8 @@ pub(crate) fn plan(
             let delay = after.unwrap_or_else(|| policy.backoff.delay(job.attempt, rng));
             next.attempt += 1;
             next.last_error = Some(error);
+            // A retry never starts early: its run-at is its backoff.
+            next.early = None;
             let run_at = chrono::Duration::from_std(delay)
                 .ok()
                 .and_then(|d| now.checked_add_signed(d))
@@ -263,7 +265,7 @@ mod tests {
     fn a_retry_is_the_next_attempt_after_the_backoff_with_the_error_kept() {
         let now = Utc::now();
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let first = job(1);
+        let first = job(1).early(Duration::from_secs(60));
         let Plan::Retry { next, delay } = plan(&first, Outcome::retry("smtp 451"), &policy(), now, &mut rng)
         else {
             panic!("not a retry")
@@ -273,6 +275,7 @@ mod tests {
             "{delay:?}"
         );
         assert_eq!(next.attempt, 2);
+        assert_eq!(next.early, None, "a retry never starts early");
         assert_eq!(next.id, first.id, "the same job, another attempt");
         assert_eq!(next.last_error.as_deref(), Some("smtp 451"));
         let want = truncate_to_millis(now + chrono::Duration::from_std(delay).unwrap());

@@ -319,6 +319,82 @@ async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
     sys.stop().await;
 }
 
+/// A job delivered before its run-at but within its early allowance
+/// (`kairos-early`) runs at once; one delivered before its allowance waits
+/// for the scheduler, and runs no earlier than the allowance lets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_within_its_early_allowance_runs_before_its_run_at_and_one_beyond_it_waits() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    // (key, run-at, started)
+    type Run = (String, chrono::DateTime<Utc>, chrono::DateTime<Utc>);
+    let ran: crate::common::Recorded<Run> = Default::default();
+    let r = ran.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let r = r.clone();
+        async move {
+            let key = String::from_utf8_lossy(&job.key).to_string();
+            r.lock().unwrap().push((key, job.run_at, Utc::now()));
+            Outcome::done()
+        }
+    });
+    let allowed = Job::new(&work, "allowed", b"x".to_vec())
+        .at(Utc::now() + chrono::Duration::seconds(30))
+        .early(Duration::from_secs(60));
+    let beyond = Job::new(&work, "beyond", b"x".to_vec())
+        .at(Utc::now() + chrono::Duration::seconds(4))
+        .early(Duration::from_millis(500));
+    // Written straight to the work topic (as an early release delivers
+    // them; the producer routes a future job to the scheduler).
+    let plain: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    for job in [&allowed, &beyond] {
+        let rec = kairos::wire::encode(job, &work);
+        plain
+            .send(
+                rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&work)
+                    .key(&rec.key)
+                    .payload(rec.value.as_deref().unwrap_or_default())
+                    .headers(rec.kafka_headers()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    wait_for("both jobs to run", T, || {
+        (ran.lock().unwrap().len() == 2).then_some(())
+    });
+    let runs = ran.lock().unwrap().clone();
+    let of = |key: &str| {
+        runs.iter()
+            .find(|(k, _, _)| k == key)
+            .cloned()
+            .unwrap_or_else(|| panic!("no run of {key}: {runs:?}"))
+    };
+    let (_, run_at, started) = of("allowed");
+    assert!(
+        started < run_at - chrono::Duration::seconds(20),
+        "ran early, within its allowance"
+    );
+    let (_, run_at, started) = of("beyond");
+    assert!(
+        started >= run_at - chrono::Duration::milliseconds(500),
+        "never earlier than its allowance: {} early",
+        run_at - started
+    );
+    assert_eq!(
+        sys.worker.stats().handed_to_scheduler,
+        1,
+        "only `beyond` went to the scheduler"
+    );
+    sys.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its_job_runs_again() {
     let broker = Broker::start();

@@ -145,7 +145,7 @@ pub(super) fn current(
         Some(Named {
             claim: Claim::Direct(s),
             ..
-        }) => return Ok(Some(s.clone())),
+        }) => return Ok(Some(StoredJob::clone(s))),
         _ => {}
     }
     shared.store.current(p, id)
@@ -180,7 +180,7 @@ pub(super) fn apply_batch(
             let claim = if c.firing {
                 Claim::Firing
             } else if let Some((_, s)) = w.take_direct_job(p, &id) {
-                Claim::Direct(s)
+                Claim::Direct(Box::new(s))
             } else {
                 Claim::Held
             };

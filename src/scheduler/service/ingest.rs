@@ -45,7 +45,7 @@ pub(super) enum Claim {
     /// job, such as a worker's retry of it).
     Firing,
     /// A direct job (not stored), taken out of the window by the batch.
-    Direct(StoredJob),
+    Direct(Box<StoredJob>),
 }
 
 /// A consumer error is logged; a fatal one (librdkafka gave up on the

@@ -138,8 +138,9 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         offset,
         cancel: cancel.clone(),
     };
-    // A job slightly early (within the tolerance) waits here, never runs early.
-    let early = job.run_at - shared.clock.now();
+    // A job slightly early (within the tolerance) waits here: it never starts
+    // before its run-at, less its early allowance if it has one.
+    let early = job.earliest_start() - shared.clock.now();
     if early > chrono::Duration::zero() {
         let wait = early.to_std().unwrap_or_default();
         // Boxed, as it is rare: a timer inline would grow every job's future.

@@ -267,7 +267,8 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
         let offset = m.offset();
         let view = RecordView::from_message(m);
         match wire::decode_job(&view, Context::Work, &shared.cfg.limits) {
-            Ok(job) if job.run_at <= now + tolerance => runnable.push(Entry { job, tp, offset }),
+            // A job may start from its run-at less its early allowance.
+            Ok(job) if job.earliest_start() <= now + tolerance => runnable.push(Entry { job, tp, offset }),
             Ok(job) => hand_to_scheduler(shared, job, tp, offset),
             Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
