@@ -41,7 +41,8 @@ impl<'a> Found<'a> {
         }
     }
 
-    fn count(&self, name: &'static str) -> Result<Option<u32>, DecodeError> {
+    /// An integer header, with its trimmed text; at least 1.
+    fn positive(&self, name: &'static str) -> Result<Option<(i128, &'a str)>, DecodeError> {
         let Some(text) = self.nonempty_text(name)? else {
             return Ok(None);
         };
@@ -52,6 +53,13 @@ impl<'a> Found<'a> {
         if n < 1 {
             return Err(bad(name, HeaderProblem::TooSmall { value: n, min: 1 }));
         }
+        Ok(Some((n, text)))
+    }
+
+    fn count(&self, name: &'static str) -> Result<Option<u32>, DecodeError> {
+        let Some((n, text)) = self.positive(name)? else {
+            return Ok(None);
+        };
         u32::try_from(n)
             .map(Some)
             .map_err(|_| bad(name, HeaderProblem::TooLarge(text.to_string())))
@@ -67,16 +75,9 @@ impl<'a> Found<'a> {
 
     fn early(&self) -> Result<Option<std::time::Duration>, DecodeError> {
         let name = header::EARLY;
-        let Some(text) = self.nonempty_text(name)? else {
+        let Some((ms, text)) = self.positive(name)? else {
             return Ok(None);
         };
-        let text = text.trim();
-        let ms: i128 = text
-            .parse()
-            .map_err(|_| bad(name, HeaderProblem::NotAnInteger(text.to_string())))?;
-        if ms < 1 {
-            return Err(bad(name, HeaderProblem::TooSmall { value: ms, min: 1 }));
-        }
         if ms > MAX_EARLY_MS as i128 {
             return Err(bad(name, HeaderProblem::EarlyTooLong(text.to_string())));
         }
