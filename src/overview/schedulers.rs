@@ -12,7 +12,7 @@ use crate::admin;
 use crate::config::Config;
 
 /// The spans of [`SchedulerFigures::pending_by_due`], in order.
-pub const DUE_SPANS: [&str; 5] = ["now", "1m", "1h", "1d", "later"];
+pub use crate::scheduler::DUE_SPANS;
 
 /// The schedulers' figures, summed over the instances that answered.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

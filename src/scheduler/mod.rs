@@ -63,4 +63,4 @@ pub mod timer_wheel;
 
 pub use changelog::RebuildError;
 pub use instance::InstanceIdError;
-pub use service::{Scheduler, SchedulerBuilder, SchedulerError, SchedulerHandle, SchedulerStats};
+pub use service::{Scheduler, SchedulerBuilder, SchedulerError, SchedulerHandle, SchedulerStats, DUE_SPANS};

@@ -34,6 +34,7 @@ mod finish;
 mod firing;
 mod ingest;
 mod metrics;
+pub use metrics::DUE_SPANS;
 mod persist;
 mod probe;
 mod rebalance;

@@ -8,28 +8,42 @@ use super::{stats, SchedulerHandle};
 use crate::admin::{Metrics, Source};
 use crate::job::JobId;
 
-/// The spans pending jobs are counted in by when they come due (label, end
-/// relative to now in ms; the last span, `later`, has no end).
-const DUE_SPANS: [(&str, i64); 4] = [("now", 1), ("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000)];
+/// The spans pending jobs are counted in by when they come due: already due
+/// (`now`), within a minute, an hour, a day, `later` (the keys of `/status`
+/// `pending_by_due`, `/pending` and the `due` label).
+pub const DUE_SPANS: [&str; 5] = ["now", "1m", "1h", "1d", "later"];
 
-/// Jobs pending in owned partitions by when they come due: already due
-/// (`now`), within a minute, an hour, a day, `later` (see
-/// [`crate::scheduler::store::Store::pending_by_due`] for how exact).
-pub(super) fn pending_by_due(h: &SchedulerHandle) -> Vec<(&'static str, u64)> {
+/// Where each span but the last ends, in ms from now.
+const DUE_SPAN_ENDS_MS: [i64; 4] = [1, 60_000, 3_600_000, 86_400_000];
+
+/// The edges of [`DUE_SPANS`] at `now_ms`.
+fn due_edges(now_ms: i64) -> Vec<i64> {
+    DUE_SPAN_ENDS_MS
+        .iter()
+        .map(|ms| now_ms.saturating_add(*ms))
+        .collect()
+}
+
+/// Jobs pending in owned partitions between `edges` (as
+/// [`crate::scheduler::store::Store::pending_by_due`]), summed.
+fn pending_over(h: &SchedulerHandle, edges: &[i64]) -> Vec<u64> {
     let shared = &h.shared;
-    let now = shared.clock.now().timestamp_millis();
-    let edges: Vec<i64> = DUE_SPANS.iter().map(|(_, ms)| now.saturating_add(*ms)).collect();
     let mut total = vec![0u64; edges.len() + 1];
     for p in shared.wheel().partitions() {
-        if let Ok(counts) = shared.store.pending_by_due(p, &edges) {
+        if let Ok(counts) = shared.store.pending_by_due(p, edges) {
             total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
         }
     }
+    total
+}
+
+/// Jobs pending in owned partitions by [`DUE_SPANS`] (see
+/// [`crate::scheduler::store::Store::pending_by_due`] for how exact).
+pub(super) fn pending_by_due(h: &SchedulerHandle) -> Vec<(&'static str, u64)> {
+    let now = h.shared.clock.now().timestamp_millis();
     DUE_SPANS
-        .iter()
-        .map(|(label, _)| *label)
-        .chain(["later"])
-        .zip(total)
+        .into_iter()
+        .zip(pending_over(h, &due_edges(now)))
         .collect()
 }
 
@@ -63,16 +77,9 @@ const TIMELINE_STEPS: i64 = 24;
 /// Jobs pending by when they come due over the next 12 hours, in 30-minute
 /// spans (the first includes jobs already due), then the rest.
 fn due_timeline(h: &SchedulerHandle) -> serde_json::Value {
-    let shared = &h.shared;
-    let now = shared.clock.now().timestamp_millis();
+    let now = h.shared.clock.now().timestamp_millis();
     let edges: Vec<i64> = (1..=TIMELINE_STEPS).map(|i| now + i * TIMELINE_STEP_MS).collect();
-    let mut total = vec![0u64; edges.len() + 1];
-    for p in shared.wheel().partitions() {
-        if let Ok(counts) = shared.store.pending_by_due(p, &edges) {
-            total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
-        }
-    }
-    json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": total})
+    json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": pending_over(h, &edges)})
 }
 
 /// The scheduler's dashboard (a static page that reads `/status` and `/dlq`).
@@ -213,8 +220,7 @@ impl Source for SchedulerHandle {
     fn pending_by_topic(&self) -> Result<serde_json::Value, String> {
         let shared = &self.shared;
         let now = shared.clock.now().timestamp_millis();
-        let edges: Vec<i64> = DUE_SPANS.iter().map(|(_, ms)| now.saturating_add(*ms)).collect();
-        let labels: Vec<&str> = DUE_SPANS.iter().map(|(l, _)| *l).chain(["later"]).collect();
+        let edges = due_edges(now);
         let mut total: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
         for p in shared.wheel().partitions() {
             for (topic, counts) in shared
@@ -222,14 +228,14 @@ impl Source for SchedulerHandle {
                 .pending_by_topic(p, &edges)
                 .map_err(|e| e.to_string())?
             {
-                let t = total.entry(topic).or_insert_with(|| vec![0; labels.len()]);
+                let t = total.entry(topic).or_insert_with(|| vec![0; DUE_SPANS.len()]);
                 t.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
             }
         }
         let topics: serde_json::Map<String, serde_json::Value> = total
             .into_iter()
             .map(|(topic, counts)| {
-                let spans: serde_json::Map<String, serde_json::Value> = labels
+                let spans: serde_json::Map<String, serde_json::Value> = DUE_SPANS
                     .iter()
                     .map(|l| l.to_string())
                     .zip(counts.into_iter().map(|c| json!(c)))
