@@ -20,10 +20,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod fair;
 mod load;
 #[cfg(test)]
 mod tests;
 
+pub use fair::FairConfig;
 pub use load::{load, load_from, ConfigError, ENV_PREFIX};
 
 pub use crate::wire::Limits;
@@ -42,6 +44,8 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// Workers.
     pub worker: WorkerConfig,
+    /// Fair dispatch across tenants.
+    pub fair: FairConfig,
 }
 
 /// Settings of workers (the [`crate::worker`] library and `kairos worker`).
@@ -440,6 +444,7 @@ impl Config {
         }
         s.admin.validate("scheduler.admin.token")?;
         w.admin.validate("worker.admin.token")?;
+        self.fair.validate(&self.topics.work)?;
         Ok(())
     }
 }

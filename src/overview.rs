@@ -75,6 +75,30 @@ fn figures(
     rc.set("group.id", group.unwrap_or("kairos-stats"))
         .set("enable.auto.commit", "false");
     let consumer: BaseConsumer = rc.create()?;
+    let Some(partitions) = partitions_of(&consumer, topic, timeout)? else {
+        return Ok(None);
+    };
+    let ends = watermarks(&consumer, topic, &partitions, timeout)?;
+    let records = ends.iter().map(|(_, (low, high))| high - low).sum();
+    let lag = match group {
+        None => None,
+        Some(_) => Some(group_lag(&consumer, topic, &ends, timeout)?),
+    };
+    Ok(Some(TopicFigures {
+        topic: topic.to_string(),
+        role,
+        records,
+        group: group.map(str::to_string),
+        lag,
+    }))
+}
+
+/// The partitions of `topic` (`None` when it does not exist or has none).
+pub(crate) fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<Vec<i32>>, KafkaError> {
     let meta = consumer.fetch_metadata(Some(topic), timeout)?;
     let Some(m) = meta
         .topics()
@@ -84,40 +108,47 @@ fn figures(
         return Ok(None);
     };
     let partitions: Vec<i32> = m.partitions().iter().map(|p| p.id()).collect();
-    if partitions.is_empty() {
-        return Ok(None);
+    Ok((!partitions.is_empty()).then_some(partitions))
+}
+
+/// A partition and its (low, high) watermarks.
+pub(crate) type Watermarks = (i32, (i64, i64));
+
+/// Each of `partitions`' (low, high) watermarks.
+pub(crate) fn watermarks<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<Vec<Watermarks>, KafkaError> {
+    partitions
+        .iter()
+        .map(|p| Ok((*p, consumer.fetch_watermarks(topic, *p, timeout)?)))
+        .collect()
+}
+
+/// Records of `topic` that `consumer`'s group has not committed yet, summed
+/// over the partitions of `ends` (their watermarks); a partition never
+/// committed counts from its start.
+pub(crate) fn group_lag<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    ends: &[Watermarks],
+    timeout: Duration,
+) -> Result<i64, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, _) in ends {
+        tpl.add_partition(topic, *p);
     }
-    let mut ends = Vec::new();
-    for p in &partitions {
-        ends.push((*p, consumer.fetch_watermarks(topic, *p, timeout)?));
-    }
-    let records = ends.iter().map(|(_, (low, high))| high - low).sum();
-    let lag = match group {
-        None => None,
-        Some(_) => {
-            let mut tpl = TopicPartitionList::new();
-            for p in &partitions {
-                tpl.add_partition(topic, *p);
-            }
-            let committed = consumer.committed_offsets(tpl, timeout)?;
-            let lag = ends
-                .iter()
-                .map(|(p, (low, high))| {
-                    let at = match committed.find_partition(topic, *p).map(|e| e.offset()) {
-                        Some(Offset::Offset(o)) => o.max(*low),
-                        _ => *low,
-                    };
-                    (high - at).max(0)
-                })
-                .sum();
-            Some(lag)
-        }
-    };
-    Ok(Some(TopicFigures {
-        topic: topic.to_string(),
-        role,
-        records,
-        group: group.map(str::to_string),
-        lag,
-    }))
+    let committed = consumer.committed_offsets(tpl, timeout)?;
+    Ok(ends
+        .iter()
+        .map(|(p, (low, high))| {
+            let at = match committed.find_partition(topic, *p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o.max(*low),
+                _ => *low,
+            };
+            (high - at).max(0)
+        })
+        .sum())
 }

@@ -2,7 +2,9 @@
 //! reschedule pending ones.
 //!
 //! A due job goes straight to its work topic; a future one goes to the
-//! schedule topic, where the scheduler holds it until its run-at. Every call
+//! schedule topic, where the scheduler holds it until its run-at. Every job
+//! of a fair topic (`[fair] topics`) goes to the schedule topic, due or not:
+//! the scheduler releases it in fair order across tenants. Every call
 //! returns once Kafka has acknowledged the write.
 //!
 //! ```no_run
@@ -94,6 +96,8 @@ pub struct Producer {
     metadata_timeout: Duration,
     /// Refuses jobs for work topics that do not exist.
     topic_check: kafka::TopicCheck,
+    /// Work topics dispatched fairly: their jobs always go through the scheduler.
+    fair_topics: Vec<String>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -125,6 +129,7 @@ impl Producer {
             schedule_partitions: Default::default(),
             metadata_timeout: config.kafka.produce_timeout,
             topic_check: kafka::TopicCheck::new(&config.kafka).map_err(ProduceError::Client)?,
+            fair_topics: config.fair.topics.clone(),
         })
     }
 
@@ -153,7 +158,7 @@ impl Producer {
         if !exists {
             return Err(ProduceError::UnknownTopic { topic: job.topic });
         }
-        let due = job.is_due(self.clock.now());
+        let due = job.is_due(self.clock.now()) && !self.fair_topics.contains(&job.topic);
         let destination = if due { &job.topic } else { &self.topics.schedule };
         let rec = wire::encode(&job, destination);
         let d = kafka::send(&self.inner, &rec, None)

@@ -17,5 +17,7 @@
 //! recent costs nothing.
 
 mod order;
+mod window;
 
 pub use order::{Pick, TenantOrder, Weights, PRIORITY_CLASSES, STARVATION_GUARD};
+pub use window::{Discovered, FairWindow, InFlight, Reader, LANE_JOBS};

@@ -27,6 +27,7 @@
 
 mod apply;
 mod applying;
+mod backlog;
 mod direct;
 mod dispatch;
 mod draining;
@@ -142,6 +143,8 @@ struct Shared {
     /// Fire due jobs without waiting for their partition to be read up to
     /// their run-at (benchmarks measure the rule's cost against this).
     fire_unread: std::sync::atomic::AtomicBool,
+    /// Fair topics' jobs released and not yet finished by the workers.
+    backlog: backlog::Backlog,
     stats: Stats,
 }
 
@@ -244,7 +247,24 @@ impl Scheduler {
         // After the store: its lock keeps a second process off this directory.
         let instance_id = super::instance::group_instance_id(cfg)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
-        let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        let mut wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        if !cfg.fair.topics.is_empty() {
+            let f = &cfg.fair;
+            let weights = crate::scheduler::fair::Weights {
+                default: f.default_weight,
+                tenants: f.weights.iter().map(|(t, w)| (t.clone(), *w)).collect(),
+            };
+            let now_ms = clock.now().timestamp_millis();
+            // Fair jobs buffered: a share of the window's capacity.
+            let buffered = (s.window_capacity / 4).max(crate::scheduler::fair::LANE_JOBS);
+            wheel.set_fair(crate::scheduler::fair::FairWindow::new(
+                &f.topics,
+                weights,
+                f.half_life.as_millis() as i64,
+                buffered,
+                now_ms,
+            ));
+        }
         let (probe, probe_inbox) = std::sync::mpsc::sync_channel(1);
         let admin = crate::admin::Admin::bind(&s.admin)?;
         Ok(Scheduler {
@@ -268,6 +288,7 @@ impl Scheduler {
                 probe,
                 probe_inbox: Mutex::new(Some(probe_inbox)),
                 fire_unread: std::sync::atomic::AtomicBool::new(false),
+                backlog: backlog::Backlog::new(&cfg.fair.topics),
                 applying: applying::Applying::default(),
                 owned: draining::Owned::default(),
                 stats: Stats::default(),
@@ -354,6 +375,17 @@ impl Scheduler {
             .name("kairos-probe".into())
             .spawn(move || probe_loop(&probe_shared, inbox))
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
+        let backlogger = if shared.cfg.fair.topics.is_empty() {
+            None
+        } else {
+            let b = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("kairos-backlog".into())
+                    .spawn(move || backlog::backlog_loop(&b, &b.backlog))
+                    .map_err(|e| SchedulerError::Fatal(e.to_string()))?,
+            )
+        };
         let stop = shared.stop.clone();
         let warm = shared.clone();
         // The topics the producer writes: the changelog, the dead-letter
@@ -395,6 +427,12 @@ impl Scheduler {
             .await
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?
             .map_err(|_| SchedulerError::Fatal("probe thread panicked".into()))?;
+        if let Some(b) = backlogger {
+            tokio::task::spawn_blocking(move || b.join())
+                .await
+                .map_err(|e| SchedulerError::Fatal(e.to_string()))?
+                .map_err(|_| SchedulerError::Fatal("backlog thread panicked".into()))?;
+        }
         if let Some(admin) = admin {
             let _ = admin.await;
         }

@@ -30,7 +30,8 @@ use std::collections::BTreeMap;
 use crate::hash::{HashMap, HashSet};
 
 use crate::job::JobId;
-use crate::scheduler::store::{Applied, DueKey};
+use crate::scheduler::fair::{Discovered, FairWindow, Reader};
+use crate::scheduler::store::{Applied, DueKey, StoreError};
 use crate::scheduler::stored::StoredJob;
 
 /// How far a partition's window mirrors the store.
@@ -97,6 +98,9 @@ pub struct TimerWheel {
     /// Numbers refills, so a refill of a partition let go and taken again
     /// meanwhile is told apart.
     next_ticket: u64,
+    /// Due jobs of fair topics, waiting to be released (`None`: no fair
+    /// topics). Their jobs never enter `entries`.
+    fair: Option<FairWindow>,
 }
 
 /// What [`TimerWheel::take_due`] found.
@@ -124,18 +128,92 @@ impl TimerWheel {
             changing: HashMap::default(),
             refilling: None,
             next_ticket: 0,
+            fair: None,
         }
+    }
+
+    /// Release the jobs of these fair topics through `fair` instead of
+    /// firing them when due.
+    pub fn set_fair(&mut self, fair: FairWindow) {
+        self.fair = Some(fair);
+    }
+
+    /// Whether `topic` is dispatched fairly.
+    pub fn is_fair(&self, topic: &str) -> bool {
+        self.fair.as_ref().is_some_and(|f| f.is_fair(topic))
+    }
+
+    /// The fair window, if fair topics are configured.
+    pub fn fair(&self) -> Option<&FairWindow> {
+        self.fair.as_ref()
+    }
+
+    /// Look at due fair jobs and release up to `allowance[topic]` of each
+    /// fair topic in fair order (see [`FairWindow`]), counting them as
+    /// firing. `read` reads the store (under this window's lock: reads are
+    /// bounded). Returns the jobs and the partitions whose due jobs wait
+    /// to be read up to (as in [`Due::held`]).
+    pub fn take_fair(
+        &mut self,
+        now_ms: i64,
+        until: &HashMap<i32, i64>,
+        allowance: &HashMap<String, usize>,
+        read: &mut Reader<'_>,
+    ) -> Result<(Vec<(DueKey, StoredJob)>, Discovered), StoreError> {
+        let Some(fair) = self.fair.as_mut() else {
+            return Ok(Default::default());
+        };
+        let mut found = fair.discover(now_ms, until, &self.firing, read)?;
+        let changing = &self.changing;
+        let is_changing = |p: i32, id: &JobId| !changing.is_empty() && changing.contains_key(&(p, *id));
+        let mut jobs = Vec::new();
+        let mut topics: Vec<&String> = allowance.keys().collect();
+        topics.sort();
+        for topic in topics {
+            let n = allowance[topic];
+            if n > 0 {
+                let due = fair.release(topic, n, now_ms, &self.firing, &is_changing, read)?;
+                let left = n - due.len().min(n);
+                jobs.extend(due);
+                // Workers idle and nothing due: jobs that allow it go early.
+                let (early, behind) = fair.release_early(
+                    topic,
+                    left,
+                    now_ms,
+                    self.span_ms,
+                    until,
+                    &self.firing,
+                    &is_changing,
+                    read,
+                )?;
+                jobs.extend(early);
+                for p in behind {
+                    // Held like a due job: the partition is probed and read further.
+                    found.held.insert(p, now_ms);
+                }
+            }
+        }
+        for (k, j) in &jobs {
+            self.firing.insert((k.partition, j.job.id));
+        }
+        Ok((jobs, found))
     }
 
     /// Start tracking `partition` (its jobs load on the next refill).
     pub fn add_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
         self.horizons.insert(partition, None);
+        if let Some(f) = &mut self.fair {
+            f.add_partition(partition);
+        }
     }
 
     /// Stop tracking `partition` and drop its jobs from memory.
     pub fn remove_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
+        if let Some(f) = &mut self.fair {
+            f.remove_partition(partition);
+        }
         self.persisting.remove(&partition);
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
@@ -298,12 +376,18 @@ impl TimerWheel {
             match a {
                 Applied::Removed(k, _) => {
                     self.entries.remove(k);
-                }
-                Applied::Added(k, job) => {
-                    if self.mirrors(k) {
-                        self.entries.insert(*k, job.clone());
+                    if let Some(f) = &mut self.fair {
+                        f.removed(k);
                     }
                 }
+                Applied::Added(k, job) => match &mut self.fair {
+                    Some(f) if f.is_fair(&job.job.topic) => f.added(*k, job, &self.firing),
+                    _ => {
+                        if self.mirrors(k) {
+                            self.entries.insert(*k, job.clone());
+                        }
+                    }
+                },
             }
         }
         self.shrink();
@@ -414,7 +498,9 @@ impl TimerWheel {
     pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashMap<DueKey, i64>) {
         self.fired(&jobs);
         for (k, j) in jobs {
-            if self.owns(k.partition) {
+            if let Some(f) = self.fair.as_mut().filter(|f| f.is_fair(&j.job.topic)) {
+                f.put_back(k, j);
+            } else if self.owns(k.partition) {
                 if let Some(since) = direct.get(&k) {
                     self.direct.insert(k, *since);
                     self.direct_ids.insert((k.partition, j.job.id), k);

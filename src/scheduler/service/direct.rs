@@ -60,6 +60,7 @@ pub(super) fn pick(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(
                         .ids
                         .get(&s.job.id)
                         .is_some_and(|n: &Named| n.mentions == 1 && matches!(n.claim, Claim::Held))
+                        && !w.is_fair(&s.job.topic)
                         && w.may_add_direct(&DueKey::of(p, s)) =>
                 {
                     Some((i, s.job.id))

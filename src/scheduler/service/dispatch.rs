@@ -46,6 +46,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         if shared.fire_unread.load(Ordering::Relaxed) {
             until.values_mut().for_each(|u| *u = i64::MAX);
         }
+        let allowance = fair_allowance(&shared);
         let round = Round::take(
             &shared.wheel,
             &shared.store,
@@ -53,6 +54,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             &*shared.clock,
             shared.cfg.scheduler.fire_batch,
             &until,
+            &allowance,
         );
         let Round {
             now_ms: now,
@@ -62,6 +64,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             wake_at,
             held,
             behind_cascade,
+            fair_from,
         } = match round {
             Ok(r) => r,
             Err(e) => {
@@ -74,6 +77,9 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             shared.cascade_wanted.notify_one();
         }
         holding.update(&shared, &held, now);
+        for (_, s) in &due[fair_from..] {
+            shared.backlog.released(&s.job.topic, 1);
+        }
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
             let batch = FireBatch {
@@ -122,6 +128,8 @@ pub(super) struct Round {
     pub(super) held: HashMap<i32, i64>,
     /// A partition's cascade point kept the window from reaching a span ahead.
     pub(super) behind_cascade: bool,
+    /// Where the jobs of fair topics start in `due` (released after the others).
+    pub(super) fair_from: usize,
 }
 
 impl Round {
@@ -136,6 +144,7 @@ impl Round {
         clock: &dyn Clock,
         max: usize,
         until: &HashMap<i32, i64>,
+        allowance: &HashMap<String, usize>,
     ) -> Result<Round, StoreError> {
         let lock = || wheel.lock().unwrap_or_else(|e| e.into_inner());
         let now_ms = clock.now().timestamp_millis();
@@ -145,8 +154,29 @@ impl Round {
             false
         };
         let mut w = lock();
-        let Due { jobs: due, held } = w.take_due(now_ms, max, until);
+        let Due {
+            jobs: mut due,
+            mut held,
+        } = w.take_due(now_ms, max, until);
         let direct = w.take_direct(&due);
+        // Fair topics: as many as their backlogs allow, in fair order.
+        let fair_from = due.len();
+        let mut fair_more = false;
+        if w.fair().is_some() {
+            let room = max.saturating_sub(due.len());
+            let allowance: HashMap<String, usize> = allowance
+                .iter()
+                .map(|(t, n)| (t.clone(), (*n).min(room)))
+                .collect();
+            let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
+            let (jobs, found) = w.take_fair(now_ms, until, &allowance, &mut read)?;
+            due.extend(jobs);
+            for (p, at) in found.held {
+                let h = held.entry(p).or_insert(at);
+                *h = (*h).max(at);
+            }
+            fair_more = found.more;
+        }
         let parts = due.iter().map(|(k, _)| k.partition).collect();
         // Under the window's lock: a revocation that takes the partition
         // out of the window next then waits for this batch.
@@ -155,7 +185,11 @@ impl Round {
         // been read further (ingest and probes notify); a window held back
         // by the cascade point, when the cascader has moved it.
         let refill_at = w.refill_due_ms().filter(|_| !behind_cascade);
-        let wake_at = [w.next_after_ms(now_ms), refill_at].into_iter().flatten().min();
+        let fair_at = fair_more.then_some(now_ms);
+        let wake_at = [w.next_after_ms(now_ms), refill_at, fair_at]
+            .into_iter()
+            .flatten()
+            .min();
         Ok(Round {
             now_ms,
             due,
@@ -164,8 +198,22 @@ impl Round {
             wake_at,
             held,
             behind_cascade,
+            fair_from,
         })
     }
+}
+
+/// Jobs of each fair topic this instance may release now: its share of
+/// `[fair] backlog_target` (by the schedule partitions it owns) less the
+/// topic's backlog.
+fn fair_allowance(shared: &Shared) -> HashMap<String, usize> {
+    if shared.cfg.fair.topics.is_empty() {
+        return HashMap::default();
+    }
+    let owned = shared.wheel().partitions().len() as u64;
+    let total = (shared.cfg.topics.schedule_partitions.max(1) as u64).max(owned);
+    let target = (shared.cfg.fair.backlog_target * owned).div_ceil(total);
+    shared.backlog.allowance(target)
 }
 
 /// About how many fired jobs may wait for the finisher (four of its rounds).

@@ -82,6 +82,15 @@ fn due_timeline(h: &SchedulerHandle) -> serde_json::Value {
     json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": pending_over(h, &edges)})
 }
 
+/// Per fair topic, tenants with due jobs waiting.
+fn fair_waiting(h: &SchedulerHandle) -> Vec<(String, usize)> {
+    h.shared
+        .wheel()
+        .fair()
+        .map(|f| f.tenants_waiting())
+        .unwrap_or_default()
+}
+
 /// The scheduler's dashboard (a static page that reads `/status` and `/dlq`).
 const DASHBOARD: &str = include_str!("dashboard.html");
 
@@ -182,6 +191,29 @@ impl Source for SchedulerHandle {
             self.shared.stats.assigned.load(Ordering::Relaxed),
             self.shared.stats.revoked.load(Ordering::Relaxed),
         )
+        .gauge_by(
+            "kairos_scheduler_fair_backlog_jobs",
+            "Per fair topic, jobs released and not yet committed by the worker group (kept near \
+                 [fair] backlog_target).",
+            "topic",
+            self.shared.backlog.current(),
+        )
+        .counter_by(
+            "kairos_scheduler_fair_released",
+            "Per fair topic, jobs released in fair order.",
+            &["topic"],
+            self.shared
+                .backlog
+                .released_total()
+                .into_iter()
+                .map(|(t, n)| (vec![t], n)),
+        )
+        .gauge_by(
+            "kairos_scheduler_fair_tenants_waiting",
+            "Per fair topic, tenants with due jobs waiting to be released.",
+            "topic",
+            fair_waiting(self).into_iter().map(|(t, n)| (t, n as i64)),
+        )
         .histogram(
             "kairos_scheduler_catch_up_seconds",
             "How long each assignment's changelog catch-up took.",
@@ -210,7 +242,11 @@ impl Source for SchedulerHandle {
             "pending_by_due": pending_by_due(self).into_iter().map(|(d, n)| (d.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "due_timeline": due_timeline(self),
             "fire_lateness_ms": {"count": late.0, "p50_at_most": late.1, "p99_at_most": late.2},
-            "features": {"fair_topics": false, "hold_key": false},
+            "features": {"fair_topics": self.shared.cfg.fair.topics, "hold_key": false},
+            "fair": fair_waiting(self).into_iter().map(|(t, n)| {
+                let backlog = self.shared.backlog.current().into_iter().find(|(b, _)| *b == t).map(|(_, b)| b);
+                (t, json!({"tenants_waiting": n, "backlog": backlog}))
+            }).collect::<serde_json::Map<_, _>>(),
             "stopping": self.shared.stop.is_cancelled(),
         })
     }

@@ -68,7 +68,16 @@ fn read_to_the_end() -> HashMap<i32, i64> {
 
 impl Setup {
     fn round(&mut self, max: usize, until: &HashMap<i32, i64>) -> Round {
-        let r = Round::take(&self.wheel, &self.store, &self.firing, &self.clock, max, until).unwrap();
+        let r = Round::take(
+            &self.wheel,
+            &self.store,
+            &self.firing,
+            &self.clock,
+            max,
+            until,
+            &HashMap::default(),
+        )
+        .unwrap();
         self.wheel.lock().unwrap().fired(&r.due);
         self.firing.finish([&r.parts]);
         r

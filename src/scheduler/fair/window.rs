@@ -1,0 +1,575 @@
+//! The fair window: which due jobs of fair topics are waiting, per tenant,
+//! in bounded memory.
+//!
+//! Jobs of fair topics stay in the store until they are released; they
+//! never enter the timer wheel's window (a flood would fill it). For each
+//! owned partition a *cursor* says how far its due jobs have been looked at:
+//! every fair job at or before it has been handed to its *lane* (one per
+//! topic, tenant and priority class, split by partition). A lane buffers at
+//! most [`LANE_JOBS`] jobs in key order, and all lanes together at most the
+//! window's capacity; a job that does not fit leaves its lane *missing from*
+//! its key: the lane is read again from the store from there when it runs
+//! dry. So memory follows the tenants with jobs waiting (one small entry
+//! each) plus the bounded buffers, whatever the number of waiting jobs.
+//!
+//! Releasing asks each fair topic's [`TenantOrder`] which tenant goes next
+//! and takes that lane's earliest job; within a lane jobs leave in key
+//! order, so a key's jobs of one class keep their order.
+//!
+//! The window does not read the store itself: the caller passes a reader
+//! (the store's `scan_due`), called under the caller's lock with bounded
+//! reads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::hash::{HashMap, HashSet};
+use crate::job::JobId;
+use crate::scheduler::fair::{TenantOrder, Weights};
+use crate::scheduler::store::{DueKey, StoreError};
+use crate::scheduler::stored::StoredJob;
+
+/// Most jobs one lane buffers per partition.
+pub const LANE_JOBS: usize = 64;
+
+/// Most jobs one store read returns.
+const READ_JOBS: usize = 1024;
+
+/// Most jobs a lane refill reads before it gives up for this round (a lane
+/// whose next job sits behind a long run of other tenants' jobs).
+const REFILL_SCAN: usize = 16 * READ_JOBS;
+
+/// Reads the store: `partition`'s near jobs after a key, due at or before a
+/// time, at most a number of them, in key order.
+pub type Reader<'a> =
+    dyn FnMut(i32, Option<DueKey>, i64, usize) -> Result<Vec<(DueKey, StoredJob)>, StoreError> + 'a;
+
+/// Jobs released, in order.
+pub type Released = Vec<(DueKey, StoredJob)>;
+
+/// Jobs being fired (taken, not finished), by partition and id.
+pub type InFlight = HashSet<(i32, JobId)>;
+
+/// One lane's jobs in one partition.
+#[derive(Debug, Default)]
+struct PartLane {
+    jobs: BTreeMap<DueKey, StoredJob>,
+    /// Fair jobs of this lane at or after this key may be in the store and
+    /// not here (`None`: every one up to the cursor is here or in flight).
+    missing_from: Option<DueKey>,
+}
+
+impl PartLane {
+    fn is_waiting(&self) -> bool {
+        !self.jobs.is_empty() || self.missing_from.is_some()
+    }
+
+    /// The lane's next job, if it is known without reading the store.
+    fn next(&self) -> Option<&DueKey> {
+        let k = self.jobs.keys().next()?;
+        match &self.missing_from {
+            Some(m) if m < k => None,
+            _ => Some(k),
+        }
+    }
+}
+
+/// One tenant's jobs of one class on one topic.
+#[derive(Debug, Default)]
+struct Lane {
+    parts: BTreeMap<i32, PartLane>,
+}
+
+impl Lane {
+    fn is_waiting(&self) -> bool {
+        self.parts.values().any(PartLane::is_waiting)
+    }
+}
+
+/// Which lane a job belongs to: (tenant, class).
+type LaneId = (Arc<str>, usize);
+
+#[derive(Debug)]
+struct Topic {
+    name: Arc<str>,
+    order: TenantOrder,
+    lanes: HashMap<LaneId, Lane>,
+}
+
+/// What [`FairWindow::discover`] found.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// Per partition, the latest run-at of due jobs not looked at because
+    /// the partition is not read up to it.
+    pub held: HashMap<i32, i64>,
+    /// Some partition has more due jobs than one round reads.
+    pub more: bool,
+}
+
+/// The due jobs of fair topics waiting to be released (see the module doc).
+#[derive(Debug)]
+pub struct FairWindow {
+    topics: HashMap<String, Topic>,
+    /// Owned partitions and how far their due jobs have been looked at.
+    cursors: HashMap<i32, Option<DueKey>>,
+    /// Where each buffered job is: its topic and lane.
+    index: HashMap<DueKey, (Arc<str>, LaneId)>,
+    /// Most jobs buffered.
+    capacity: usize,
+}
+
+impl FairWindow {
+    /// A window over `topics`, releasing by `weights` with recent service
+    /// halving every `half_life_ms`, buffering at most `capacity` jobs.
+    pub fn new(topics: &[String], weights: Weights, half_life_ms: i64, capacity: usize, now_ms: i64) -> Self {
+        FairWindow {
+            topics: topics
+                .iter()
+                .map(|t| {
+                    let order = TenantOrder::new(weights.clone(), half_life_ms, now_ms);
+                    let topic = Topic {
+                        name: Arc::from(t.as_str()),
+                        order,
+                        lanes: HashMap::default(),
+                    };
+                    (t.clone(), topic)
+                })
+                .collect(),
+            cursors: HashMap::default(),
+            index: HashMap::default(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Whether `topic` is dispatched fairly.
+    pub fn is_fair(&self, topic: &str) -> bool {
+        self.topics.contains_key(topic)
+    }
+
+    /// The fair topics.
+    pub fn topics(&self) -> impl Iterator<Item = &str> {
+        self.topics.keys().map(String::as_str)
+    }
+
+    /// Start tracking `partition` (its due jobs are looked at from the start).
+    pub fn add_partition(&mut self, partition: i32) {
+        self.remove_partition(partition);
+        self.cursors.insert(partition, None);
+    }
+
+    /// Stop tracking `partition`: its buffered jobs are dropped.
+    pub fn remove_partition(&mut self, partition: i32) {
+        self.cursors.remove(&partition);
+        self.index.retain(|k, _| k.partition != partition);
+        for topic in self.topics.values_mut() {
+            topic.lanes.retain(|(tenant, class), lane| {
+                lane.parts.remove(&partition);
+                let waiting = lane.is_waiting();
+                if !waiting {
+                    topic.order.set_waiting(tenant, *class, false);
+                }
+                waiting
+            });
+        }
+    }
+
+    /// Jobs buffered in memory.
+    pub fn buffered(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether a job of `topic` waits to be released.
+    pub fn is_waiting(&self, topic: &str) -> bool {
+        self.topics.get(topic).is_some_and(|t| !t.lanes.is_empty())
+    }
+
+    /// Tenants with jobs waiting, per topic.
+    pub fn tenants_waiting(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = self
+            .topics
+            .iter()
+            .map(|(name, t)| {
+                let tenants: HashSet<&Arc<str>> = t.lanes.keys().map(|(tenant, _)| tenant).collect();
+                (name.clone(), tenants.len())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// A fair job was stored at `k` (the store's change, followed). One at
+    /// or before its partition's cursor joins its lane now; a later one is
+    /// found when the cursor gets there.
+    pub fn added(&mut self, k: DueKey, job: &StoredJob, in_flight: &InFlight) {
+        let covered = match self.cursors.get(&k.partition) {
+            Some(Some(c)) => k <= *c,
+            _ => false,
+        };
+        if covered && !in_flight.contains(&(k.partition, job.job.id)) {
+            self.deliver(k, job.clone());
+        }
+    }
+
+    /// The job at `k` is gone from the store (fired, cancelled, replaced).
+    pub fn removed(&mut self, k: &DueKey) {
+        let Some((topic, lane_id)) = self.index.remove(k) else {
+            return;
+        };
+        let Some(t) = self.topics.get_mut(&*topic) else {
+            return;
+        };
+        if let Some(lane) = t.lanes.get_mut(&lane_id) {
+            if let Some(pl) = lane.parts.get_mut(&k.partition) {
+                pl.jobs.remove(k);
+            }
+            settle(t, &lane_id);
+        }
+    }
+
+    /// A released job could not be fired: it waits again.
+    pub fn put_back(&mut self, k: DueKey, job: StoredJob) {
+        if self.cursors.contains_key(&k.partition) {
+            self.deliver(k, job);
+        }
+    }
+
+    /// Look at each owned partition's due jobs past its cursor, up to
+    /// `now_ms` but not past how far the partition has been read (`until`:
+    /// a later job is held, so that a cancel written before its run-at
+    /// wins), at most one read per partition; fair ones join their lanes.
+    pub fn discover(
+        &mut self,
+        now_ms: i64,
+        until: &HashMap<i32, i64>,
+        in_flight: &InFlight,
+        read: &mut Reader<'_>,
+    ) -> Result<Discovered, StoreError> {
+        let mut out = Discovered::default();
+        let mut parts: Vec<(i32, Option<DueKey>)> = self.cursors.iter().map(|(p, c)| (*p, *c)).collect();
+        parts.sort_unstable_by_key(|(p, _)| *p);
+        for (p, cursor) in parts {
+            let read_to = until.get(&p).map_or(i64::MIN, |u| (*u).min(now_ms));
+            if cursor.is_some_and(|c| c.run_at_ms >= now_ms) {
+                // Every job due by now has been looked at; later ones come
+                // through `added`.
+                continue;
+            }
+            let got = read(p, cursor, now_ms, READ_JOBS)?;
+            let full = got.len() >= READ_JOBS;
+            let mut last = cursor;
+            let mut stopped = false;
+            for (k, job) in got {
+                if k.run_at_ms > read_to {
+                    let h = out.held.entry(p).or_insert(k.run_at_ms);
+                    *h = (*h).max(k.run_at_ms);
+                    stopped = true;
+                    break;
+                }
+                last = Some(k);
+                if self.is_fair(&job.job.topic) && !in_flight.contains(&(p, job.job.id)) {
+                    self.deliver(k, job);
+                }
+            }
+            let next = if full || stopped {
+                out.more |= full && !stopped;
+                last
+            } else if read_to == i64::MIN {
+                last
+            } else {
+                let all_read = DueKey {
+                    run_at_ms: read_to,
+                    partition: p,
+                    seq: u64::MAX,
+                };
+                Some(last.map_or(all_read, |l| l.max(all_read)))
+            };
+            self.cursors.insert(p, next);
+        }
+        Ok(out)
+    }
+
+    /// Release up to `max` due jobs of `topic` in fair order at `now_ms`
+    /// (charging each tenant one unit of service per job); a lane whose
+    /// next job is being changed (`changing`) waits for the next round.
+    pub fn release(
+        &mut self,
+        topic: &str,
+        max: usize,
+        now_ms: i64,
+        in_flight: &InFlight,
+        changing: &dyn Fn(i32, &JobId) -> bool,
+        read: &mut Reader<'_>,
+    ) -> Result<Vec<(DueKey, StoredJob)>, StoreError> {
+        let mut out = Vec::new();
+        let mut paused: Vec<LaneId> = Vec::new();
+        while out.len() < max {
+            let Some(pick) = self.topics.get(topic).and_then(|t| t.order.pick()) else {
+                break;
+            };
+            let lane_id: LaneId = (pick.tenant.clone(), pick.class);
+            let next = self.next_of(topic, &lane_id, in_flight, read)?;
+            let t = self.topics.get_mut(topic).expect("picked from this topic");
+            let taken = next.and_then(|k| {
+                let pl = t.lanes.get_mut(&lane_id)?.parts.get_mut(&k.partition)?;
+                let id = pl.jobs.get(&k)?.job.id;
+                if changing(k.partition, &id) {
+                    return None;
+                }
+                pl.jobs.remove(&k).map(|j| (k, j))
+            });
+            match taken {
+                Some((k, job)) => {
+                    self.index.remove(&k);
+                    t.order.charge(&pick, now_ms, 1.0);
+                    settle(t, &lane_id);
+                    out.push((k, job));
+                }
+                None => {
+                    // Nothing to take from it this round.
+                    t.order.set_waiting(&lane_id.0, lane_id.1, false);
+                    paused.push(lane_id);
+                }
+            }
+        }
+        if let Some(t) = self.topics.get_mut(topic) {
+            for lane_id in paused {
+                if t.lanes.get(&lane_id).is_some_and(Lane::is_waiting) {
+                    t.order.set_waiting(&lane_id.0, lane_id.1, true);
+                } else {
+                    t.lanes.remove(&lane_id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Release up to `max` jobs of `topic` before their run-at, for idle
+    /// workers: nothing of the topic waits and each partition's due jobs
+    /// have all been looked at. Jobs due within `lookahead_ms` whose early
+    /// allowance has begun (`kairos-early`; retries never carry one) go,
+    /// earliest first, and only the first pending job of each key, so a
+    /// key's jobs keep their order. A partition not read up to now
+    /// (`until`) releases nothing early: it is returned, to be read further.
+    #[allow(clippy::too_many_arguments)]
+    pub fn release_early(
+        &mut self,
+        topic: &str,
+        max: usize,
+        now_ms: i64,
+        lookahead_ms: i64,
+        until: &HashMap<i32, i64>,
+        in_flight: &InFlight,
+        changing: &dyn Fn(i32, &JobId) -> bool,
+        read: &mut Reader<'_>,
+    ) -> Result<(Released, Vec<i32>), StoreError> {
+        let mut out = Vec::new();
+        let mut behind = Vec::new();
+        if max == 0 || self.is_waiting(topic) {
+            return Ok((out, behind));
+        }
+        let mut parts: Vec<(i32, DueKey)> = self
+            .cursors
+            .iter()
+            .filter_map(|(p, c)| c.filter(|c| c.seq == u64::MAX).map(|c| (*p, c)))
+            .collect();
+        parts.sort_unstable_by_key(|(p, _)| *p);
+        for (p, cursor) in parts {
+            let read_up = until.get(&p).is_some_and(|u| *u >= now_ms) && cursor.run_at_ms >= now_ms;
+            let mut seen: HashSet<Vec<u8>> = HashSet::default();
+            for (k, job) in read(p, Some(cursor), now_ms.saturating_add(lookahead_ms), READ_JOBS)? {
+                let j = &job.job;
+                if j.topic != topic || !seen.insert(j.key.clone()) {
+                    continue;
+                }
+                let early =
+                    j.early.is_some() && j.attempt <= 1 && j.earliest_start().timestamp_millis() <= now_ms;
+                if !early || in_flight.contains(&(p, j.id)) || changing(p, &j.id) {
+                    continue;
+                }
+                if !read_up {
+                    // A cancel written until now must be read first.
+                    behind.push(p);
+                    break;
+                }
+                if let Some(t) = self.topics.get_mut(topic) {
+                    let pick = crate::scheduler::fair::Pick {
+                        tenant: Arc::from(j.tenant.as_deref().unwrap_or("")),
+                        class: j.priority.class(),
+                    };
+                    t.order.charge(&pick, now_ms, 1.0);
+                }
+                out.push((k, job));
+                if out.len() >= max {
+                    return Ok((out, behind));
+                }
+            }
+        }
+        Ok((out, behind))
+    }
+
+    /// The earliest job of a lane over its partitions, reading the store
+    /// for a partition whose next job is not buffered.
+    fn next_of(
+        &mut self,
+        topic: &str,
+        lane_id: &LaneId,
+        in_flight: &InFlight,
+        read: &mut Reader<'_>,
+    ) -> Result<Option<DueKey>, StoreError> {
+        let parts: Vec<i32> = match self.topics.get(topic).and_then(|t| t.lanes.get(lane_id)) {
+            Some(lane) => lane.parts.keys().copied().collect(),
+            None => return Ok(None),
+        };
+        let mut best: Option<DueKey> = None;
+        for p in parts {
+            let known = self.part_lane(topic, lane_id, p).and_then(|pl| {
+                pl.next().copied().map(Some).or(if pl.missing_from.is_some() {
+                    None
+                } else {
+                    Some(None)
+                })
+            });
+            let next = match known {
+                Some(next) => next,
+                None => {
+                    self.refill(topic, lane_id, p, in_flight, read)?;
+                    self.part_lane(topic, lane_id, p)
+                        .and_then(|pl| pl.next().copied())
+                }
+            };
+            if let Some(k) = next {
+                best = Some(best.map_or(k, |b| b.min(k)));
+            }
+        }
+        Ok(best)
+    }
+
+    fn part_lane(&self, topic: &str, lane_id: &LaneId, p: i32) -> Option<&PartLane> {
+        self.topics.get(topic)?.lanes.get(lane_id)?.parts.get(&p)
+    }
+
+    /// Read a lane's jobs of partition `p` from where it is missing from,
+    /// up to the partition's cursor, as far as there is room.
+    fn refill(
+        &mut self,
+        topic: &str,
+        lane_id: &LaneId,
+        p: i32,
+        in_flight: &InFlight,
+        read: &mut Reader<'_>,
+    ) -> Result<(), StoreError> {
+        let cursor = self.cursors.get(&p).copied().flatten();
+        let Some(t) = self.topics.get_mut(topic) else {
+            return Ok(());
+        };
+        let Some(pl) = t.lanes.get_mut(lane_id).and_then(|l| l.parts.get_mut(&p)) else {
+            return Ok(());
+        };
+        let (Some(from), Some(cursor)) = (pl.missing_from, cursor) else {
+            pl.missing_from = None;
+            return Ok(());
+        };
+        let mut after = before(&from);
+        let mut scanned = 0;
+        loop {
+            let got = read(p, after, cursor.run_at_ms, READ_JOBS)?;
+            let n = got.len();
+            for (k, job) in got {
+                if k > cursor {
+                    pl.missing_from = None;
+                    return Ok(());
+                }
+                after = Some(k);
+                scanned += 1;
+                let j = &job.job;
+                let ours = j.topic == topic
+                    && j.priority.class() == lane_id.1
+                    && j.tenant.as_deref().unwrap_or("") == &*lane_id.0;
+                if !ours || in_flight.contains(&(p, j.id)) || pl.jobs.contains_key(&k) {
+                    continue;
+                }
+                // At least one job, so a full buffer never stalls a lane.
+                let room =
+                    pl.jobs.is_empty() || (self.index.len() < self.capacity && pl.jobs.len() < LANE_JOBS);
+                if !room {
+                    pl.missing_from = Some(k);
+                    return Ok(());
+                }
+                pl.jobs.insert(k, job);
+                self.index.insert(k, (t.name.clone(), lane_id.clone()));
+            }
+            if n < READ_JOBS {
+                pl.missing_from = None;
+                return Ok(());
+            }
+            if scanned >= REFILL_SCAN {
+                // Go on from here next time.
+                pl.missing_from = after.map(|a| after_key(&a));
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hand a due fair job to its lane: buffered when the lane is complete
+    /// and there is room, else the lane is missing from it.
+    fn deliver(&mut self, k: DueKey, job: StoredJob) {
+        let room = self.index.len() < self.capacity;
+        let Some(t) = self.topics.get_mut(job.job.topic.as_str()) else {
+            return;
+        };
+        let tenant: Arc<str> = Arc::from(job.job.tenant.as_deref().unwrap_or(""));
+        let class = job.job.priority.class();
+        let lane_id = (tenant, class);
+        let lane = t.lanes.entry(lane_id.clone()).or_default();
+        let pl = lane.parts.entry(k.partition).or_default();
+        let fits = room && pl.jobs.len() < LANE_JOBS && pl.missing_from.is_none_or(|m| k < m);
+        if fits {
+            if pl.jobs.insert(k, job).is_none() {
+                self.index.insert(k, (t.name.clone(), lane_id.clone()));
+            }
+        } else {
+            pl.missing_from = Some(pl.missing_from.map_or(k, |m| m.min(k)));
+        }
+        t.order.set_waiting(&lane_id.0, class, true);
+    }
+}
+
+/// After a lane changed: drop it and tell the order when nothing waits.
+fn settle(t: &mut Topic, lane_id: &LaneId) {
+    let waiting = t.lanes.get(lane_id).is_some_and(Lane::is_waiting);
+    if !waiting {
+        t.lanes.remove(lane_id);
+        t.order.set_waiting(&lane_id.0, lane_id.1, false);
+    }
+}
+
+/// The key just before `k` in its partition (`None` before the first).
+fn before(k: &DueKey) -> Option<DueKey> {
+    if k.seq > 0 {
+        Some(DueKey { seq: k.seq - 1, ..*k })
+    } else if k.run_at_ms > i64::MIN {
+        Some(DueKey {
+            run_at_ms: k.run_at_ms - 1,
+            seq: u64::MAX,
+            ..*k
+        })
+    } else {
+        None
+    }
+}
+
+/// The key just after `k` in its partition.
+fn after_key(k: &DueKey) -> DueKey {
+    if k.seq < u64::MAX {
+        DueKey { seq: k.seq + 1, ..*k }
+    } else {
+        DueKey {
+            run_at_ms: k.run_at_ms.saturating_add(1),
+            seq: 0,
+            ..*k
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
