@@ -22,7 +22,10 @@ use crate::scheduler::Scheduler;
 use crate::worker::{Outcome, Worker};
 use crate::{Job, JobId, Producer};
 
+mod fair;
 mod operator;
+
+pub use fair::TenantWaits;
 
 /// Options of the demo.
 #[derive(Clone, Debug)]
@@ -71,6 +74,8 @@ pub struct DemoSummary {
     /// Runs of cancelled jobs, and runs of rescheduled jobs at their old
     /// time or more than once (must be 0).
     pub changes_ignored: usize,
+    /// The fair topic: per tenant, jobs started and their wait p50 / max.
+    pub fair_waits: TenantWaits,
 }
 
 /// How much later the demo's rescheduled jobs run.
@@ -112,6 +117,14 @@ pub async fn run(
     cfg.kafka
         .consumer
         .insert("session.timeout.ms".into(), "6000".into());
+    // A second work topic, dispatched fairly across tenants.
+    let fair_topic = format!(
+        "{}.fair",
+        cfg.topics.work.first().map_or("kairos.jobs", String::as_str)
+    );
+    cfg.topics.work.push(fair_topic.clone());
+    cfg.fair.topics = vec![fair_topic.clone()];
+    cfg.fair.backlog_target = 200;
     let _dev = match brokers {
         Some(b) => {
             cfg.kafka.brokers = b;
@@ -139,7 +152,7 @@ pub async fn run(
         .first()
         .cloned()
         .ok_or_else(|| failed("no work topic configured"))?;
-    cfg.worker.topics = vec![work.clone()];
+    cfg.worker.topics = vec![work.clone(), fair_topic.clone()];
 
     // Admin endpoints on free local ports, unless configured.
     for admin in [&mut cfg.scheduler.admin, &mut cfg.worker.admin] {
@@ -163,11 +176,23 @@ pub async fn run(
     );
 
     let (tx, mut rx) = mpsc::unbounded_channel::<RunEvent>();
+    let (fair_tx, mut fair_rx) = mpsc::unbounded_channel::<fair::FairStart>();
+    let fair_jobs = fair_topic.clone();
     let worker = Worker::builder(&cfg)
         .build(move |job: Job, ctx| {
             let tx = tx.clone();
+            let fair_tx = (job.topic == fair_jobs).then(|| fair_tx.clone());
             async move {
                 let started = Utc::now();
+                if let Some(fair_tx) = fair_tx {
+                    let _ = fair_tx.send(fair::FairStart {
+                        tenant: job.tenant.clone().unwrap_or_default(),
+                        run_at: job.run_at,
+                        started,
+                    });
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    return Outcome::done();
+                }
                 let outcome = crate::example::handle(job.clone(), ctx, None).await;
                 let _ = tx.send(RunEvent {
                     job,
@@ -380,6 +405,7 @@ pub async fn run(
         intervals.sort();
         s.overlaps += intervals.windows(2).filter(|w| w[1].0 < w[0].1).count();
     }
+    s.fair_waits = fair::show(&producer, &fair_topic, &mut fair_rx).await?;
     let ws = wh.stats();
     operator::after_run(&cfg, sched_admin, worker_admin).await?;
     stop.cancel();

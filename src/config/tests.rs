@@ -142,3 +142,31 @@ fn the_scheduler_s_revocation_deadline_fits_a_rebalance() {
     c.scheduler.revocation_deadline = std::time::Duration::from_secs(5);
     c.validate().unwrap();
 }
+
+#[test]
+fn fair_topics_must_be_work_topics_with_positive_weights() {
+    let key_of = |c: &Config| match c.validate() {
+        Err(ConfigError::Invalid { key, .. }) => Some(key),
+        _ => None,
+    };
+    let mut c = Config::default();
+    c.fair.topics = vec!["not-a-work-topic".into()];
+    assert_eq!(key_of(&c), Some("fair.topics"));
+    c.fair.topics = c.topics.work.clone();
+    assert_eq!(key_of(&c), None);
+    c.fair.weights.insert("acme".into(), 0.0);
+    assert_eq!(key_of(&c), Some("fair.weights"));
+    c.fair.weights.insert("acme".into(), 3.0);
+    c.fair.default_weight = f64::NAN;
+    assert_eq!(key_of(&c), Some("fair.default_weight"));
+    c.fair.default_weight = 1.0;
+    c.fair.backlog_target = 0;
+    assert_eq!(key_of(&c), Some("fair.backlog_target"));
+    c.fair.backlog_target = 10;
+    c.fair.poll_interval = std::time::Duration::from_millis(1);
+    assert_eq!(key_of(&c), Some("fair.poll_interval"));
+    // A weights table in TOML.
+    let c: Config = toml::from_str("[fair]\ntopics = \"kairos.jobs\"\n[fair.weights]\nacme = 3.0\n").unwrap();
+    assert_eq!(c.fair.weights.get("acme"), Some(&3.0));
+    assert!(c.fair.is_fair("kairos.jobs"));
+}
