@@ -52,11 +52,11 @@ pub type InFlight = HashSet<(i32, JobId)>;
 
 /// One lane's jobs in one partition.
 #[derive(Debug, Default)]
-struct PartLane {
-    jobs: BTreeMap<DueKey, StoredJob>,
+pub(super) struct PartLane {
+    pub(super) jobs: BTreeMap<DueKey, StoredJob>,
     /// Fair jobs of this lane at or after this key may be in the store and
     /// not here (`None`: every one up to the cursor is here or in flight).
-    missing_from: Option<DueKey>,
+    pub(super) missing_from: Option<DueKey>,
 }
 
 impl PartLane {
@@ -343,173 +343,6 @@ impl FairWindow {
         Ok(out)
     }
 
-    /// Release up to `max` jobs of `topic` before their run-at, for idle
-    /// workers: nothing of the topic waits and each partition's due jobs
-    /// have all been looked at. Jobs due within `lookahead_ms` whose early
-    /// allowance has begun (`kairos-early`; retries never carry one) go,
-    /// earliest first, and only the first pending job of each key, so a
-    /// key's jobs keep their order. A partition not read up to now
-    /// (`until`) releases nothing early: it is returned, to be read further.
-    #[allow(clippy::too_many_arguments)]
-    pub fn release_early(
-        &mut self,
-        topic: &str,
-        max: usize,
-        now_ms: i64,
-        lookahead_ms: i64,
-        until: &HashMap<i32, i64>,
-        in_flight: &InFlight,
-        changing: &dyn Fn(i32, &JobId) -> bool,
-        read: &mut Reader<'_>,
-    ) -> Result<(Released, Vec<i32>), StoreError> {
-        let mut out = Vec::new();
-        let mut behind = Vec::new();
-        if max == 0 || self.is_waiting(topic) {
-            return Ok((out, behind));
-        }
-        let mut parts: Vec<(i32, DueKey)> = self
-            .cursors
-            .iter()
-            .filter_map(|(p, c)| c.filter(|c| c.seq == u64::MAX).map(|c| (*p, c)))
-            .collect();
-        parts.sort_unstable_by_key(|(p, _)| *p);
-        for (p, cursor) in parts {
-            let read_up = until.get(&p).is_some_and(|u| *u >= now_ms) && cursor.run_at_ms >= now_ms;
-            let mut seen: HashSet<Vec<u8>> = HashSet::default();
-            for (k, job) in read(p, Some(cursor), now_ms.saturating_add(lookahead_ms), READ_JOBS)? {
-                let j = &job.job;
-                if j.topic != topic || !seen.insert(j.key.clone()) {
-                    continue;
-                }
-                let early =
-                    j.early.is_some() && j.attempt <= 1 && j.earliest_start().timestamp_millis() <= now_ms;
-                if !early || in_flight.contains(&(p, j.id)) || changing(p, &j.id) {
-                    continue;
-                }
-                if !read_up {
-                    // A cancel written until now must be read first.
-                    behind.push(p);
-                    break;
-                }
-                if let Some(t) = self.topics.get_mut(topic) {
-                    let pick = crate::scheduler::fair::Pick {
-                        tenant: Arc::from(j.tenant.as_deref().unwrap_or("")),
-                        class: j.priority.class(),
-                    };
-                    t.order.charge(&pick, now_ms, 1.0);
-                }
-                out.push((k, job));
-                if out.len() >= max {
-                    return Ok((out, behind));
-                }
-            }
-        }
-        Ok((out, behind))
-    }
-
-    /// The earliest job of a lane over its partitions, reading the store
-    /// for a partition whose next job is not buffered.
-    fn next_of(
-        &mut self,
-        topic: &str,
-        lane_id: &LaneId,
-        in_flight: &InFlight,
-        read: &mut Reader<'_>,
-    ) -> Result<Option<DueKey>, StoreError> {
-        let parts: Vec<i32> = match self.topics.get(topic).and_then(|t| t.lanes.get(lane_id)) {
-            Some(lane) => lane.parts.keys().copied().collect(),
-            None => return Ok(None),
-        };
-        let mut best: Option<DueKey> = None;
-        for p in parts {
-            let known = self.part_lane(topic, lane_id, p).and_then(|pl| {
-                pl.next().copied().map(Some).or(if pl.missing_from.is_some() {
-                    None
-                } else {
-                    Some(None)
-                })
-            });
-            let next = match known {
-                Some(next) => next,
-                None => {
-                    self.refill(topic, lane_id, p, in_flight, read)?;
-                    self.part_lane(topic, lane_id, p)
-                        .and_then(|pl| pl.next().copied())
-                }
-            };
-            if let Some(k) = next {
-                best = Some(best.map_or(k, |b| b.min(k)));
-            }
-        }
-        Ok(best)
-    }
-
-    fn part_lane(&self, topic: &str, lane_id: &LaneId, p: i32) -> Option<&PartLane> {
-        self.topics.get(topic)?.lanes.get(lane_id)?.parts.get(&p)
-    }
-
-    /// Read a lane's jobs of partition `p` from where it is missing from,
-    /// up to the partition's cursor, as far as there is room.
-    fn refill(
-        &mut self,
-        topic: &str,
-        lane_id: &LaneId,
-        p: i32,
-        in_flight: &InFlight,
-        read: &mut Reader<'_>,
-    ) -> Result<(), StoreError> {
-        let cursor = self.cursors.get(&p).copied().flatten();
-        let Some(t) = self.topics.get_mut(topic) else {
-            return Ok(());
-        };
-        let Some(pl) = t.lanes.get_mut(lane_id).and_then(|l| l.parts.get_mut(&p)) else {
-            return Ok(());
-        };
-        let (Some(from), Some(cursor)) = (pl.missing_from, cursor) else {
-            pl.missing_from = None;
-            return Ok(());
-        };
-        let mut after = before(&from);
-        let mut scanned = 0;
-        loop {
-            let got = read(p, after, cursor.run_at_ms, READ_JOBS)?;
-            let n = got.len();
-            for (k, job) in got {
-                if k > cursor {
-                    pl.missing_from = None;
-                    return Ok(());
-                }
-                after = Some(k);
-                scanned += 1;
-                let j = &job.job;
-                let ours = j.topic == topic
-                    && j.priority.class() == lane_id.1
-                    && j.tenant.as_deref().unwrap_or("") == &*lane_id.0;
-                if !ours || in_flight.contains(&(p, j.id)) || pl.jobs.contains_key(&k) {
-                    continue;
-                }
-                // At least one job, so a full buffer never stalls a lane.
-                let room =
-                    pl.jobs.is_empty() || (self.index.len() < self.capacity && pl.jobs.len() < LANE_JOBS);
-                if !room {
-                    pl.missing_from = Some(k);
-                    return Ok(());
-                }
-                pl.jobs.insert(k, job);
-                self.index.insert(k, (t.name.clone(), lane_id.clone()));
-            }
-            if n < READ_JOBS {
-                pl.missing_from = None;
-                return Ok(());
-            }
-            if scanned >= REFILL_SCAN {
-                // Go on from here next time.
-                pl.missing_from = after.map(|a| after_key(&a));
-                return Ok(());
-            }
-        }
-    }
-
     /// Hand a due fair job to its lane: buffered when the lane is complete
     /// and there is room, else the lane is missing from it.
     fn deliver(&mut self, k: DueKey, job: StoredJob) {
@@ -543,33 +376,8 @@ fn settle(t: &mut Topic, lane_id: &LaneId) {
     }
 }
 
-/// The key just before `k` in its partition (`None` before the first).
-fn before(k: &DueKey) -> Option<DueKey> {
-    if k.seq > 0 {
-        Some(DueKey { seq: k.seq - 1, ..*k })
-    } else if k.run_at_ms > i64::MIN {
-        Some(DueKey {
-            run_at_ms: k.run_at_ms - 1,
-            seq: u64::MAX,
-            ..*k
-        })
-    } else {
-        None
-    }
-}
-
-/// The key just after `k` in its partition.
-fn after_key(k: &DueKey) -> DueKey {
-    if k.seq < u64::MAX {
-        DueKey { seq: k.seq + 1, ..*k }
-    } else {
-        DueKey {
-            run_at_ms: k.run_at_ms.saturating_add(1),
-            seq: 0,
-            ..*k
-        }
-    }
-}
+mod early;
+mod refill;
 
 #[cfg(test)]
 mod tests;
