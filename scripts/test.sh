@@ -35,7 +35,7 @@ python3 -c "import websocket" 2>/dev/null ||
 chromium --version
 
 # The dependency audit (licenses, banned and duplicate crates, sources).
-command -v cargo-deny >/dev/null || cargo install --locked --quiet cargo-deny@0.20
+command -v cargo-deny >/dev/null || cargo install --locked --quiet cargo-deny --version '~0.20'
 cargo deny --version
 
 step "format"
