@@ -21,11 +21,13 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod fair;
+mod keys;
 mod load;
 #[cfg(test)]
 mod tests;
 
 pub use fair::FairConfig;
+pub use keys::{Limit, OnFailure, Pacing};
 pub use load::{load, load_from, ConfigError, ENV_PREFIX};
 
 pub use crate::wire::Limits;
@@ -86,8 +88,43 @@ pub struct WorkerConfig {
     /// `session.timeout.ms` in `[kafka.consumer]` wins.
     #[serde(with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// What a failing job that will be retried does to its key:
+    /// `overtake` (its later jobs run meanwhile) or `hold_key` (none starts
+    /// until it succeeded, was dead-lettered or released).
+    pub on_failure: OnFailure,
+    /// `on_failure` for named topics, instead of the one above.
+    pub on_failure_by_topic: BTreeMap<String, OnFailure>,
+    /// Most keys one worker holds at once. Beyond it a failing job's
+    /// retry overtakes (logged, counted in
+    /// `kairos_worker_hold_overflow_total`) instead of holding its key.
+    pub max_held_keys: usize,
+    /// Pacing per work topic (`[worker.pacing."topic"]`): how often the
+    /// jobs of one limiter key may start.
+    pub pacing: BTreeMap<String, Pacing>,
+    /// A paced job whose turn is at most this far ahead waits in memory
+    /// (holding no concurrency slot); one further ahead goes through the
+    /// scheduler, its key held until it comes back.
+    #[serde(with = "humantime_serde")]
+    pub pacing_horizon: Duration,
     /// The worker's admin endpoint (`[worker.admin]`; off by default).
     pub admin: AdminConfig,
+}
+
+impl WorkerConfig {
+    /// What a failure does to its key on `topic`.
+    pub fn on_failure(&self, topic: &str) -> OnFailure {
+        self.on_failure_by_topic
+            .get(topic)
+            .copied()
+            .unwrap_or(self.on_failure)
+    }
+
+    /// Whether keys of `topic` can be held (hold-key retries, or pacing,
+    /// whose long waits hold their key): its holds are then kept in the
+    /// held topic and read back when its partitions are assigned.
+    pub fn holds_keys(&self, topic: &str) -> bool {
+        self.on_failure(topic) == OnFailure::HoldKey || self.pacing.contains_key(topic)
+    }
 }
 
 impl Default for WorkerConfig {
@@ -103,6 +140,11 @@ impl Default for WorkerConfig {
             revocation_deadline: Duration::from_secs(30),
             early_tolerance: Duration::from_secs(1),
             session_timeout: Duration::from_secs(10),
+            on_failure: OnFailure::Overtake,
+            on_failure_by_topic: BTreeMap::new(),
+            max_held_keys: 1_000_000,
+            pacing: BTreeMap::new(),
+            pacing_horizon: Duration::from_secs(1),
             admin: AdminConfig::default(),
         }
     }
@@ -304,6 +346,11 @@ pub struct TopicsConfig {
     pub changelog: String,
     /// Where records that cannot be processed go, with the reason in `kairos-dead-reason`.
     pub dead_letter: String,
+    /// Keys held by workers (hold-key retries, long pacing waits):
+    /// compacted, keyed by work topic and entity key; partition N holds the
+    /// keys of partition N of every work topic, so it needs as many
+    /// partitions as the largest work topic that holds keys.
+    pub held: String,
     /// Work topics that `kairos topics init` creates (workers name theirs in `[worker]`).
     #[serde(deserialize_with = "string_or_list")]
     pub work: Vec<String>,
@@ -324,6 +371,7 @@ impl Default for TopicsConfig {
             schedule: "kairos.schedule".into(),
             changelog: "kairos.schedule.changelog".into(),
             dead_letter: "kairos.dead-letter".into(),
+            held: "kairos.held".into(),
             work: vec!["kairos.jobs".into()],
             schedule_partitions: 6,
             work_partitions: 6,
@@ -379,6 +427,7 @@ impl Config {
             ("topics.schedule", &self.topics.schedule),
             ("topics.changelog", &self.topics.changelog),
             ("topics.dead_letter", &self.topics.dead_letter),
+            ("topics.held", &self.topics.held),
         ] {
             if name.trim().is_empty() {
                 return Err(invalid(key, "must not be empty"));
@@ -388,6 +437,7 @@ impl Config {
             &self.topics.schedule,
             &self.topics.changelog,
             &self.topics.dead_letter,
+            &self.topics.held,
         ];
         names.extend(&self.topics.work);
         let mut seen = std::collections::HashSet::new();
@@ -415,6 +465,7 @@ impl Config {
             ("worker.concurrency", w.concurrency),
             ("worker.max_buffered", w.max_buffered),
             ("worker.max_attempts", w.max_attempts as usize),
+            ("worker.max_held_keys", w.max_held_keys),
         ] {
             if n == 0 {
                 return Err(invalid(key, "must be at least 1"));
@@ -445,6 +496,7 @@ impl Config {
         s.admin.validate("scheduler.admin.token")?;
         w.admin.validate("worker.admin.token")?;
         self.fair.validate(&self.topics.work)?;
+        keys::validate(&w.topics, &w.on_failure_by_topic, &w.pacing, w.pacing_horizon)?;
         Ok(())
     }
 }

@@ -384,6 +384,7 @@ pub async fn run(
                 finished.insert(job.id);
                 "dead-lettered".to_string()
             }
+            Outcome::RateLimited { until } => format!("rate limited until {}", until.format("%H:%M:%S%.3f")),
         };
         let interesting = job.attempt > 1 || !matches!(ev.outcome, Outcome::Done { .. });
         if shown < 12 || interesting || finished.len().is_multiple_of(50) {

@@ -13,9 +13,6 @@
 
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::config::Config;
@@ -77,16 +74,13 @@ pub struct ReplayReport {
 pub enum DlqError {
     /// Reading the dead-letter topic failed.
     #[error("reading the dead-letter topic: {0}")]
-    Kafka(#[from] KafkaError),
+    Read(#[from] kafka::ReadError),
     /// Writing a replayed job failed (those before it were written).
     #[error("replaying: {0}")]
     Produce(#[from] ProduceError),
     /// The read stopped abnormally.
     #[error("reading the dead-letter topic: {0}")]
     Task(String),
-    /// These partitions were not read to their end in time.
-    #[error("the dead-letter topic's partitions {0:?} were not read to their end within {READ_TIMEOUT:?}")]
-    Unfinished(Vec<i32>),
 }
 
 /// Longest a read of the dead-letter topic to its end may take.
@@ -95,64 +89,20 @@ const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Every dead letter now in the topic (up to its end when called) that
 /// matches `filter`, oldest first per partition.
 pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
-    let topic = &cfg.topics.dead_letter;
-    let mut rc = kafka::base_config(&cfg.kafka, "kairos-dlq");
-    rc.set("enable.auto.commit", "false")
-        .set("group.id", "kairos-dlq-reader")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "true");
-    let consumer: BaseConsumer = rc.create()?;
-    let timeout = Duration::from_secs(10);
-    let meta = consumer.fetch_metadata(Some(topic), timeout)?;
-    let partitions: Vec<i32> = meta
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    let mut tpl = TopicPartitionList::new();
-    let mut left = std::collections::HashMap::new();
-    for p in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
-        if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
-            left.insert(p, high);
-        }
-    }
     let mut out = Vec::new();
-    if left.is_empty() {
-        return Ok(out);
-    }
-    consumer.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + READ_TIMEOUT;
-    while !left.is_empty() {
-        if std::time::Instant::now() > deadline {
-            // A partial list would read as "that is all": say so instead.
-            let mut unread: Vec<i32> = left.into_keys().collect();
-            unread.sort_unstable();
-            return Err(DlqError::Unfinished(unread));
-        }
-        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let msg = match msg {
-            Ok(m) => m,
-            // The end of a partition (its last offset may be a marker that
-            // is never delivered as a record).
-            Err(KafkaError::PartitionEOF(p)) => {
-                left.remove(&p);
-                continue;
+    kafka::read_to_end(
+        &cfg.kafka,
+        "kairos-dlq-reader",
+        &cfg.topics.dead_letter,
+        None,
+        READ_TIMEOUT,
+        |msg| {
+            let entry = entry_of(&RecordView::from_message(msg), &cfg.limits);
+            if matches(&entry, filter) {
+                out.push(entry);
             }
-            Err(e) => return Err(e.into()),
-        };
-        let (p, offset) = (msg.partition(), msg.offset());
-        if left.get(&p).is_some_and(|end| offset + 1 >= *end) {
-            left.remove(&p);
-        }
-        let entry = entry_of(&RecordView::from_message(&msg), &cfg.limits);
-        if matches(&entry, filter) {
-            out.push(entry);
-        }
-    }
+        },
+    )?;
     Ok(out)
 }
 

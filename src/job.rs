@@ -33,7 +33,8 @@ thread_local! {
 /// The id stays the same across retries, re-deliveries and the hop through
 /// the scheduler, so handlers can deduplicate on it (delivery is
 /// at-least-once).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct JobId(Uuid);
 
 impl JobId {
@@ -223,6 +224,12 @@ pub struct Job {
     pub early: Option<Duration>,
     /// Why the previous attempt failed, carried on retries and dead letters.
     pub last_error: Option<String>,
+    /// The key its pacing rule counts it under (`[worker.pacing]`), e.g. the
+    /// host of a URL while the entity key is the URL; `None`: its entity key.
+    pub limit_key: Option<Vec<u8>>,
+    /// Set by a worker on a job it parked behind a held key (the park's
+    /// sequence number in that key's hold); never set by producers.
+    pub parked: Option<u32>,
     /// Headers the producer set for its own use, in order, passed through
     /// untouched (`None` is a header with a null value, which Kafka allows).
     pub headers: HeaderList,
@@ -243,6 +250,8 @@ impl Job {
             priority: Priority::Normal,
             early: None,
             last_error: None,
+            limit_key: None,
+            parked: None,
             headers: Vec::new(),
         }
     }
@@ -300,6 +309,18 @@ impl Job {
     pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
         self.tenant = Some(tenant.into());
         self
+    }
+
+    /// Pace the job under `key` instead of its entity key (see
+    /// `[worker.pacing]`: e.g. the host of a URL).
+    pub fn limit_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.limit_key = Some(key.into());
+        self
+    }
+
+    /// The key its pacing rule counts it under: its limit key, else its entity key.
+    pub fn pacing_key(&self) -> &[u8] {
+        self.limit_key.as_deref().unwrap_or(&self.key)
     }
 
     /// Allow at most `n` attempts before the job is dead-lettered.

@@ -16,6 +16,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use crate::config::{KafkaConfig, PassThrough};
 use crate::wire::OwnedRecord;
 
+mod read;
+
+pub use read::{read_to_end, ReadError};
+
 /// Settings shared by every client: bootstrap servers, a client id, and the
 /// `[kafka.client]` map.
 pub fn base_config(cfg: &KafkaConfig, client_id: &str) -> ClientConfig {

@@ -27,6 +27,7 @@
 //! - [`example`]: the example handler behind `kairos worker` and the demo.
 //! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
 //! - [`dlq`]: the dead-letter topic for operators: list, replay.
+//! - [`keys`]: keys held by workers, for operators: list, release.
 //! - [`dev_broker`]: an in-process development broker for trying Kairos
 //!   without Kafka.
 #![forbid(unsafe_code)]
@@ -43,6 +44,7 @@ pub mod example;
 pub mod hash;
 pub mod job;
 pub mod kafka;
+pub mod keys;
 pub mod overview;
 pub mod producer;
 pub mod scheduler;

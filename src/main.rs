@@ -118,6 +118,12 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Keys held by workers (a failed job waiting for its retry on a
+    /// `hold_key` topic, a long pacing wait): list them, release one.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Cancel a pending job by id.
     Cancel {
         /// The job id printed by `enqueue`.
@@ -152,6 +158,29 @@ enum DlqCommand {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// List held keys, longest held first: the job holding each, its
+    /// attempt, why, jobs parked behind it, how long.
+    Blocked {
+        /// Only keys of this work topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release a held key: the job holding it is dead-lettered, the key's
+    /// other jobs run (the worker owning its partition acts on it).
+    Release {
+        /// The entity key.
+        key: String,
+        /// Its work topic (needed when it is held on several).
+        #[arg(long)]
+        topic: Option<String>,
     },
 }
 
@@ -369,6 +398,31 @@ async fn main() -> anyhow::Result<()> {
                     report.matched, report.replayed, report.not_jobs
                 );
             }
+        }
+        Command::Keys {
+            command: KeysCommand::Blocked { topic, json },
+        } => {
+            let c = cfg.clone();
+            let held =
+                tokio::task::spawn_blocking(move || kairos::keys::blocked(&c, topic.as_deref())).await??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&held)?);
+            } else {
+                print!("{}", kairos::keys::text(&held));
+            }
+        }
+        Command::Keys {
+            command: KeysCommand::Release { key, topic },
+        } => {
+            let h = kairos::keys::release(&cfg, &key, topic.as_deref()).await?;
+            println!(
+                "release of `{}` on {} (partition {}, held by job {}) written; the worker that owns the \
+                 partition dead-letters that job and lets the key's other jobs run",
+                h.key,
+                h.topic,
+                h.partition,
+                h.job_id.as_deref().unwrap_or("-")
+            );
         }
         Command::Cancel { id } => {
             Producer::new(&cfg)?.cancel(id).await.context("cancel")?;

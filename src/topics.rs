@@ -4,6 +4,9 @@
 //! - the scheduler's changelog, compacted, with as many partitions as the
 //!   schedule topic (partition N of one mirrors partition N of the other);
 //! - the dead-letter topic;
+//! - the held topic (keys held by workers), compacted, with as many
+//!   partitions as a work topic (partition N holds the keys of work
+//!   partition N);
 //! - the work topics named in `[topics] work`.
 //!
 //! A topic that exists already is left as it is and reported; the one
@@ -89,6 +92,10 @@ struct Planned<'a> {
 const CHANGELOG_SETTINGS: &[(&str, &str)] =
     &[("cleanup.policy", "compact"), ("delete.retention.ms", "86400000")];
 
+/// Held-topic settings: compacted (one record per held key, a tombstone
+/// when it is let go).
+const HELD_SETTINGS: &[(&str, &str)] = &[("cleanup.policy", "compact")];
+
 /// How long `kairos topics init` makes the changelog keep tombstones (its
 /// `delete.retention.ms` above).
 pub fn changelog_tombstone_retention() -> std::time::Duration {
@@ -117,6 +124,7 @@ fn plan(cfg: &Config) -> Vec<Planned<'_>> {
             CHANGELOG_SETTINGS,
         ),
         topic(&t.dead_letter, "dead-letter", t.dead_letter_partitions, &[]),
+        topic(&t.held, "held keys", t.work_partitions, HELD_SETTINGS),
     ];
     for w in &t.work {
         out.push(topic(w, "work", t.work_partitions, &[]));

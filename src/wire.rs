@@ -17,7 +17,9 @@
 //! | `kairos-priority` | `high`, `normal` or `low` | `normal` |
 //! | `kairos-early` | integer milliseconds, 1 to 30 days: how long before its run-at the job may run when workers are idle | never early |
 //! | `kairos-last-error` | text | none |
-//! | `kairos-op` | `schedule`, `cancel` or `reschedule` (schedule topic only) | `schedule` |
+//! | `kairos-limit-key` | bytes: the key the job is paced under (`[worker.pacing]`) | its entity key |
+//! | `kairos-parked` | integer ≥ 1, set by workers only: the job was parked behind its held key | not parked |
+//! | `kairos-op` | `schedule`, `cancel` or `reschedule` (schedule topic); `release` (work topic: `kairos keys release`) | `schedule` |
 //!
 //! Decoding never panics; every problem is a [`DecodeError`] naming the
 //! header and the reason, which goes into the dead-letter record.
@@ -38,7 +40,7 @@ mod tests;
 
 pub use dead::{dead_job_record, dead_letter_record, DeadLetter};
 pub use decode::{check, decode, decode_job};
-pub use encode::{encode, encode_cancel, encode_reschedule, kafka_headers};
+pub use encode::{encode, encode_cancel, encode_release, encode_reschedule, kafka_headers};
 pub use error::{DecodeError, HeaderProblem};
 
 /// Prefix of every header that belongs to Kairos. Names are matched in lower
@@ -75,7 +77,12 @@ pub mod header {
     pub const EARLY: &str = "kairos-early";
     /// Error of the previous attempt.
     pub const LAST_ERROR: &str = "kairos-last-error";
-    /// Operation on the schedule topic: `schedule`, `cancel`, `reschedule`.
+    /// The key a job is paced under (default: its entity key).
+    pub const LIMIT_KEY: &str = "kairos-limit-key";
+    /// Set by workers: the job was parked behind its held key (park sequence).
+    pub const PARKED: &str = "kairos-parked";
+    /// Operation: `schedule`, `cancel`, `reschedule` (schedule topic),
+    /// `release` (work topic).
     pub const OP: &str = "kairos-op";
     /// Dead letters: why the record was dead-lettered.
     pub const DEAD_REASON: &str = "kairos-dead-reason";
@@ -90,7 +97,7 @@ pub mod header {
     pub const DEAD_TRUNCATED: &str = "kairos-dead-truncated";
 
     /// Every name of the contract, in the order they are written.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 18] = [
         VERSION,
         ID,
         RUN_AT,
@@ -101,6 +108,8 @@ pub mod header {
         PRIORITY,
         EARLY,
         LAST_ERROR,
+        LIMIT_KEY,
+        PARKED,
         OP,
         DEAD_REASON,
         ORIGIN_TOPIC,
@@ -241,7 +250,8 @@ impl OwnedRecord {
     }
 }
 
-/// What a record on the schedule topic asks the scheduler to do.
+/// What a record asks for: on the schedule topic, of the scheduler; on a
+/// work topic, of the worker (a job, or a key's release).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Hold the job until its run-at, then fire it into its work topic.
@@ -255,12 +265,21 @@ pub enum Command {
         /// Its new run-at.
         run_at: DateTime<Utc>,
     },
+    /// Work topic: release the key held by the job `id` (`kairos keys
+    /// release`): the job is dead-lettered and the key's later jobs run.
+    Release {
+        /// The held key (the record's key).
+        key: Vec<u8>,
+        /// The job holding it.
+        id: JobId,
+    },
 }
 
 /// Where a record is read, which decides what it may contain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Context {
-    /// A work topic: only jobs; `kairos-topic` defaults to the record's topic.
+    /// A work topic: jobs, and key releases; `kairos-topic` defaults to the
+    /// record's topic.
     Work,
     /// The schedule topic: jobs (with a required `kairos-topic`), cancels, reschedules.
     Schedule,

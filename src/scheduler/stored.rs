@@ -11,9 +11,12 @@ use crate::job::{Job, JobId, Priority};
 /// Format version written first; bump on any change. Version 2 is version 1
 /// followed by the priority class (1 byte) and the early-start allowance
 /// (ms, 8 bytes, 0 for none); a job with neither is written as version 1,
-/// so stores and changelogs of jobs without them read as before.
+/// so stores and changelogs of jobs without them read as before. Version 3
+/// is version 2 followed by the limit key (optional bytes) and the park
+/// sequence (4 bytes, 0 for none), written only for jobs with either.
 const FORMAT: u8 = 1;
 const FORMAT_2: u8 = 2;
+const FORMAT_3: u8 = 3;
 
 /// A job as the scheduler holds it: the job and its arrival sequence (the
 /// schedule-topic offset it came from), which orders jobs of equal run-at.
@@ -46,8 +49,13 @@ impl StoredJob {
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
         let mut out = Vec::with_capacity(64 + j.key.len() + j.payload.len() + j.topic.len());
-        let v2 = j.priority != Priority::Normal || j.early.is_some();
-        out.push(if v2 { FORMAT_2 } else { FORMAT });
+        let v3 = j.limit_key.is_some() || j.parked.is_some();
+        let v2 = v3 || j.priority != Priority::Normal || j.early.is_some();
+        out.push(match (v3, v2) {
+            (true, _) => FORMAT_3,
+            (false, true) => FORMAT_2,
+            (false, false) => FORMAT,
+        });
         out.extend_from_slice(j.id.as_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.extend_from_slice(&j.run_at.timestamp_millis().to_be_bytes());
@@ -68,13 +76,17 @@ impl StoredJob {
             let early_ms = j.early.map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64);
             out.extend_from_slice(&early_ms.to_be_bytes());
         }
+        if v3 {
+            put_opt(&mut out, j.limit_key.as_deref());
+            out.extend_from_slice(&j.parked.unwrap_or(0).to_be_bytes());
+        }
         out
     }
 
     /// The id, seq and run-at of encoded bytes, without decoding the rest
     /// (`None` when the bytes are not a job of this format).
     pub fn peek(bytes: &[u8]) -> Option<Peeked> {
-        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2)) {
+        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2 | &FORMAT_3)) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
@@ -91,7 +103,7 @@ impl StoredJob {
     pub fn decode(bytes: &[u8]) -> Result<StoredJob, CorruptJob> {
         let mut r = Reader(bytes);
         let version = r.take(1)?[0];
-        if version != FORMAT && version != FORMAT_2 {
+        if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3) {
             return Err(CorruptJob("unknown format version"));
         }
         let id = JobId::from_bytes(r.array()?);
@@ -111,12 +123,19 @@ impl StoredJob {
             let v = r.opt()?.map(<[u8]>::to_vec);
             headers.push((k, v));
         }
-        let (priority, early) = if version == FORMAT_2 {
+        let (priority, early) = if version >= FORMAT_2 {
             let priority = Priority::from_class(r.take(1)?[0]).ok_or(CorruptJob("bad priority class"))?;
             let ms = u64::from_be_bytes(r.array()?);
             (priority, (ms > 0).then(|| std::time::Duration::from_millis(ms)))
         } else {
             (Priority::Normal, None)
+        };
+        let (limit_key, parked) = if version == FORMAT_3 {
+            let limit_key = r.opt()?.map(<[u8]>::to_vec);
+            let parked = u32::from_be_bytes(r.array()?);
+            (limit_key, (parked > 0).then_some(parked))
+        } else {
+            (None, None)
         };
         if !r.0.is_empty() {
             return Err(CorruptJob("trailing bytes"));
@@ -138,6 +157,8 @@ impl StoredJob {
                 priority,
                 early,
                 last_error,
+                limit_key,
+                parked,
                 headers,
             },
             seq,
@@ -229,7 +250,7 @@ mod tests {
         assert_eq!(StoredJob::peek(&[]), None);
         assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();
-        other[0] = FORMAT_2 + 1;
+        other[0] = FORMAT_3 + 1;
         assert_eq!(StoredJob::peek(&other), None);
         let mut v2 = s.clone();
         v2.job = v2.job.early(std::time::Duration::from_secs(5));
@@ -261,7 +282,36 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_key_or_a_park_sequence_is_written_as_version_3() {
+        let s = sample();
+        let mut v3 = sample();
+        v3.job = v3.job.limit_key("example.com");
+        v3.job.parked = Some(7);
+        let bytes = v3.encode();
+        assert_eq!(bytes[0], FORMAT_3);
+        assert_eq!(bytes.len(), s.encode().len() + 9 + 1 + 4 + 11 + 4);
+        assert_eq!(StoredJob::decode(&bytes).unwrap(), v3);
+        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(v3.job.id));
+        let mut parked_only = sample();
+        parked_only.job.parked = Some(1);
+        assert_eq!(StoredJob::decode(&parked_only.encode()).unwrap(), parked_only);
+    }
+
+    #[test]
     fn truncation_anywhere_is_an_error_not_a_panic() {
+        let mut v3 = sample();
+        v3.job = v3.job.priority(Priority::High).limit_key("host");
+        v3.job.parked = Some(3);
+        for v in [v3.clone(), {
+            let mut v2 = sample();
+            v2.job = v2.job.priority(Priority::High);
+            v2
+        }] {
+            let bytes = v.encode();
+            for n in 0..bytes.len() {
+                assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
+            }
+        }
         let mut v2 = sample();
         v2.job = v2.job.priority(Priority::High);
         let bytes = v2.encode();

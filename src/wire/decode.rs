@@ -84,6 +84,24 @@ impl<'a> Found<'a> {
         Ok(Some(std::time::Duration::from_millis(ms as u64)))
     }
 
+    /// `kairos-limit-key`: any bytes but none, within the key limit.
+    fn limit_key(&self, limits: &Limits) -> Result<Option<Vec<u8>>, DecodeError> {
+        let name = header::LIMIT_KEY;
+        match self.get(name) {
+            None => Ok(None),
+            Some(None) => Err(bad(name, HeaderProblem::NoValue)),
+            Some(Some([])) => Err(bad(name, HeaderProblem::Empty)),
+            Some(Some(k)) if k.len() > limits.max_key_bytes => Err(bad(
+                name,
+                HeaderProblem::TooLong {
+                    len: k.len(),
+                    max: limits.max_key_bytes,
+                },
+            )),
+            Some(Some(k)) => Ok(Some(k.to_vec())),
+        }
+    }
+
     fn time(&self, name: &'static str) -> Result<Option<DateTime<Utc>>, DecodeError> {
         match self.nonempty_text(name)? {
             None => Ok(None),
@@ -161,19 +179,35 @@ pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Resul
             "schedule" => "schedule",
             "cancel" => "cancel",
             "reschedule" => "reschedule",
+            "release" => "release",
             other => return Err(bad(header::OP, HeaderProblem::UnknownOp(other.to_string()))),
         },
     };
     if op != "schedule" {
-        if context == Context::Work {
+        let allowed = if op == "release" {
+            Context::Work
+        } else {
+            Context::Schedule
+        };
+        if context != allowed {
             return Err(DecodeError::OpNotAllowed(op));
         }
         let id = found.id()?.ok_or(DecodeError::MissingHeader {
             name: header::ID,
-            context: "for cancel and reschedule",
+            context: "for cancel, reschedule and release",
         })?;
         if op == "cancel" {
             return Ok(Command::Cancel(id));
+        }
+        if op == "release" {
+            let key = view
+                .key
+                .filter(|k| !k.is_empty())
+                .ok_or(DecodeError::MissingKey)?;
+            return Ok(Command::Release {
+                key: key.to_vec(),
+                id,
+            });
         }
         let run_at = found.time(header::RUN_AT)?.ok_or(DecodeError::MissingHeader {
             name: header::RUN_AT,
@@ -241,6 +275,8 @@ pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Resul
         priority: found.priority()?,
         early: found.early()?,
         last_error: found.text(header::LAST_ERROR)?.map(str::to_string),
+        limit_key: found.limit_key(limits)?,
+        parked: found.count(header::PARKED)?,
         headers: user_headers,
     }))
 }
@@ -252,6 +288,7 @@ pub fn decode_job(view: &RecordView<'_>, context: Context, limits: &Limits) -> R
         Command::Schedule(job) => Ok(job),
         Command::Cancel(_) => Err(DecodeError::OpNotAllowed("cancel")),
         Command::Reschedule { .. } => Err(DecodeError::OpNotAllowed("reschedule")),
+        Command::Release { .. } => Err(DecodeError::OpNotAllowed("release")),
     }
 }
 
@@ -291,6 +328,20 @@ pub fn check(job: &Job, limits: &Limits) -> Result<(), DecodeError> {
     if let Some(t) = &job.tenant {
         text(header::TENANT, t)?;
     }
+    match &job.limit_key {
+        Some(k) if k.is_empty() => return Err(bad(header::LIMIT_KEY, HeaderProblem::Empty)),
+        Some(k) if k.len() > limits.max_key_bytes => {
+            return Err(bad(
+                header::LIMIT_KEY,
+                HeaderProblem::TooLong {
+                    len: k.len(),
+                    max: limits.max_key_bytes,
+                },
+            ))
+        }
+        _ => {}
+    }
+
     if let Some(d) = job.early {
         let ms = d.as_millis();
         if ms < 1 || d.subsec_nanos() % 1_000_000 != 0 {
@@ -310,6 +361,7 @@ pub fn check(job: &Job, limits: &Limits) -> Result<(), DecodeError> {
     for (name, n) in [
         (header::ATTEMPT, Some(job.attempt)),
         (header::MAX_ATTEMPTS, job.max_attempts),
+        (header::PARKED, job.parked),
     ] {
         if n == Some(0) {
             return Err(bad(name, HeaderProblem::TooSmall { value: 0, min: 1 }));

@@ -72,6 +72,12 @@ pub(super) fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
     if let Some(e) = &job.last_error {
         put(header::LAST_ERROR, Some(e.as_bytes()));
     }
+    if let Some(k) = &job.limit_key {
+        put(header::LIMIT_KEY, Some(k));
+    }
+    if let Some(n) = job.parked {
+        put(header::PARKED, Some(decimal(n, &mut digits)));
+    }
     for (k, v) in &job.headers {
         put(k, v.as_deref());
     }
@@ -86,6 +92,15 @@ pub fn encode_cancel(id: JobId, schedule_topic: &str) -> OwnedRecord {
 /// Encode a reschedule of `id` to `run_at` for the schedule topic.
 pub fn encode_reschedule(id: JobId, run_at: DateTime<Utc>, schedule_topic: &str) -> OwnedRecord {
     control_record(id, schedule_topic, "reschedule", Some(run_at))
+}
+
+/// Encode a release of `key`, held by job `id`, for work topic `topic`
+/// (written to the partition the key's hold is in).
+pub fn encode_release(key: &[u8], id: JobId, topic: &str) -> OwnedRecord {
+    OwnedRecord {
+        key: key.to_vec(),
+        ..control_record(id, topic, "release", None)
+    }
 }
 
 pub(super) fn control_record(id: JobId, topic: &str, op: &str, run_at: Option<DateTime<Utc>>) -> OwnedRecord {

@@ -32,6 +32,14 @@ pub enum HeaderProblem {
     /// The integer is above the maximum.
     #[error("`{0}` is larger than {max}", max = u32::MAX)]
     TooLarge(String),
+    /// A value longer than allowed.
+    #[error("is {len} bytes, more than the limit of {max}")]
+    TooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The value is not a UUID.
     #[error("`{0}` is not a UUID")]
     NotAUuid(String),
@@ -39,7 +47,7 @@ pub enum HeaderProblem {
     #[error("`{0}` has leading or trailing white space")]
     BadTopic(String),
     /// The operation is not one of the known ones.
-    #[error("`{0}` is not one of schedule, cancel, reschedule")]
+    #[error("`{0}` is not one of schedule, cancel, reschedule, release")]
     UnknownOp(String),
     /// The priority is not one of the known classes.
     #[error("`{0}` is not one of high, normal, low")]

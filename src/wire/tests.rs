@@ -42,10 +42,26 @@ fn job_strategy() -> impl Strategy<Value = Job> {
             ),
             0..4,
         ),
-        (0usize..3, proptest::option::of(1u64..=MAX_EARLY_MS)),
+        (
+            0usize..3,
+            proptest::option::of(1u64..=MAX_EARLY_MS),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 1..16)),
+            proptest::option::of(1u32..),
+        ),
     )
         .prop_map(
-            |(key, payload, ms, topic, attempt, max, tenant, err, hdrs, (class, early))| Job {
+            |(
+                key,
+                payload,
+                ms,
+                topic,
+                attempt,
+                max,
+                tenant,
+                err,
+                hdrs,
+                (class, early, limit_key, parked),
+            )| Job {
                 id: JobId::new(),
                 key,
                 payload,
@@ -61,6 +77,8 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 ][class],
                 early: early.map(std::time::Duration::from_millis),
                 last_error: err,
+                limit_key,
+                parked,
                 headers: hdrs
                     .into_iter()
                     // user headers must not use the reserved prefix

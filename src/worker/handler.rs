@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::Job;
@@ -29,6 +30,14 @@ pub enum Outcome {
     Dead {
         /// Why (carried in `kairos-dead-reason`).
         reason: String,
+    },
+    /// Not run now: a remote service said to wait (an HTTP 429 with
+    /// `Retry-After`, a crawl delay). The job runs again at `until` without
+    /// spending an attempt; on a paced topic its limiter key pauses until
+    /// then too, and its key is held meanwhile.
+    RateLimited {
+        /// When to run it again.
+        until: DateTime<Utc>,
     },
 }
 
@@ -66,6 +75,22 @@ impl Outcome {
         Outcome::Dead {
             reason: reason.into(),
         }
+    }
+
+    /// Rate limited: run again at `until`, without spending an attempt.
+    pub fn rate_limited(until: DateTime<Utc>) -> Self {
+        Outcome::RateLimited {
+            until: crate::job::truncate_to_millis(until),
+        }
+    }
+
+    /// Rate limited: run again `wait` from now, without spending an attempt.
+    pub fn rate_limited_for(wait: Duration) -> Self {
+        let until = chrono::Duration::from_std(wait)
+            .ok()
+            .and_then(|d| Utc::now().checked_add_signed(d))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        Self::rate_limited(until)
     }
 }
 

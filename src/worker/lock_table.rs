@@ -111,6 +111,20 @@ impl<T: Keyed> LockTable<T> {
         }
     }
 
+    /// Take `key`'s buffered (not running) jobs out of the table, in order
+    /// (its key became held: they are parked instead of run).
+    pub fn take_buffered(&mut self, key: &[u8]) -> Vec<T> {
+        let Some(st) = self.keys.get_mut(key) else {
+            return Vec::new();
+        };
+        let taken: Vec<T> = st.queue.drain(..).collect();
+        self.buffered -= taken.len();
+        if !st.running {
+            self.keys.remove(key);
+        }
+        taken
+    }
+
     /// Drop every buffered (not running) job read from `partition`; return them.
     pub fn drop_partition(&mut self, partition: (usize, i32)) -> Vec<T> {
         let mut dropped = Vec::new();
@@ -226,6 +240,24 @@ mod tests {
         t.complete(&running.key);
         assert_eq!(t.next_ready().unwrap().n, 3);
         assert!(t.next_ready().is_none());
+    }
+
+    #[test]
+    fn a_key_s_buffered_jobs_can_be_taken_out_in_order() {
+        let mut t = LockTable::new();
+        for n in 1..=3 {
+            t.push(item("a", n));
+        }
+        t.push(item("b", 9));
+        let running = t.next_ready().unwrap();
+        assert_eq!(running.n, 1);
+        let taken: Vec<u32> = t.take_buffered(b"a").into_iter().map(|i| i.n).collect();
+        assert_eq!(taken, vec![2, 3]);
+        assert_eq!(t.buffered(), 1);
+        t.complete(b"a");
+        assert_eq!(t.next_ready().unwrap().n, 9, "a has nothing left to run");
+        assert!(t.next_ready().is_none());
+        assert!(t.take_buffered(b"nobody").is_empty());
     }
 
     proptest! {

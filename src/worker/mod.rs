@@ -4,7 +4,11 @@
 //! Parts:
 //! - `handler`: the handler trait, [`Outcome`], [`JobContext`], backoff.
 //! - `lock_table`: per-key FIFOs, one running job per key.
+//! - `hold`: held keys: a failing (or long-paced) job holds its key, its
+//!   later jobs are parked through the scheduler and come back in order.
 //! - `offset_tracker`: commit only below the first unfinished job.
+//! - `pacing`: per limiter key, turns by a minimum spacing and a rate with
+//!   a burst.
 //! - `service`: the consumer-group member that ties them together.
 //! - `settle`: what an outcome means (another attempt, a dead letter,
 //!   follow-ups) and writing it; the same rules in a running worker and in a
@@ -28,13 +32,16 @@
 //! that runs past it may overlap with the key's next job on the new owner.
 
 mod handler;
+pub(crate) mod hold;
 pub(crate) mod lock_table;
 pub(crate) mod offset_tracker;
+pub(crate) mod pacing;
 mod service;
 mod settle;
 mod testing;
 
 pub use handler::{Backoff, Handler, HandlerFuture, JobContext, Outcome};
+pub use hold::Cause as HoldCause;
 pub use service::{Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};
 pub use settle::Settled;
 pub use testing::{Run, TestWorker, Written};

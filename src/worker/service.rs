@@ -17,8 +17,11 @@
 //! [`crate::worker::TestWorker`] runs.
 
 mod drive;
+mod held;
+mod keeper;
 mod metrics;
 mod offsets;
+mod pace;
 mod poll;
 
 use std::future::Future;
@@ -37,7 +40,8 @@ use crate::hash::HashMap;
 use crate::job::Job;
 use crate::kafka;
 use crate::producer::Producer;
-use crate::worker::handler::{Backoff, Handler};
+use crate::worker::handler::{Backoff, Handler, Outcome};
+use crate::worker::hold::Holds;
 use crate::worker::lock_table::{Keyed, LockTable};
 use crate::worker::offset_tracker::OffsetTracker;
 use crate::worker::settle::{KafkaOutbox, RetryPolicy, Settler};
@@ -72,6 +76,24 @@ struct Entry {
     job: Job,
     tp: Tp,
     offset: i64,
+    /// Settle with this instead of running the handler (a released key's
+    /// blocker is dead-lettered; a paced job whose turn is far ahead goes
+    /// through the scheduler).
+    instead: Option<Outcome>,
+    /// Its pacing turn was handed out (it waited for it here).
+    turn_given: bool,
+}
+
+impl Entry {
+    fn new(job: Job, tp: Tp, offset: i64) -> Self {
+        Entry {
+            job,
+            tp,
+            offset,
+            instead: None,
+            turn_given: false,
+        }
+    }
 }
 
 impl Keyed for Entry {
@@ -103,6 +125,30 @@ struct State {
     /// Commit points that advanced, for the poll thread to store.
     to_store: HashMap<Tp, i64>,
     next_generation: u64,
+    /// Held keys of the owned partitions whose topics hold keys.
+    holds: Holds<Tp>,
+    /// Paced jobs waiting for their turn, and the turns handed out.
+    paced: pace::Paced,
+    /// Jobs started that take no concurrency slot (settled without their
+    /// handler: a deferral, a released job's dead letter).
+    no_slot: usize,
+}
+
+impl State {
+    /// Jobs read and not started: in the lock table, or waiting for their
+    /// pacing turn.
+    fn buffered(&self) -> usize {
+        self.table.buffered() + self.paced.holding()
+    }
+
+    /// Handler runs going on (keys running in the lock table, less the
+    /// paced jobs waiting, whose keys count as running there, and the jobs
+    /// settled without their handler).
+    fn running(&self) -> usize {
+        self.table
+            .running()
+            .saturating_sub(self.paced.holding() + self.no_slot)
+    }
 }
 
 /// Counters of what the worker did.
@@ -112,8 +158,16 @@ struct Stats {
     succeeded: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    /// Jobs written again, same attempt, due later (rate limited, paced).
+    deferred: AtomicU64,
     panicked: AtomicU64,
     handed_to_scheduler: AtomicU64,
+    /// Jobs parked behind a held key (written to the scheduler).
+    parked: AtomicU64,
+    /// Keys not held because `max_held_keys` were.
+    hold_overflow: AtomicU64,
+    /// Keys released by an operator.
+    released: AtomicU64,
     /// Start − run-at of each handler run.
     start_delay: crate::admin::Histogram,
     /// How long each handler run took.
@@ -132,6 +186,7 @@ pub(super) struct TopicCounts {
     succeeded: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    deferred: AtomicU64,
     /// Runs that ended without settling (their partition was let go).
     unsettled: AtomicU64,
 }
@@ -151,6 +206,13 @@ pub struct WorkerStats {
     pub panicked: u64,
     /// Jobs read before their run-at and handed to the scheduler.
     pub handed_to_scheduler: u64,
+    /// Jobs written again with the same attempt, due later (rate limited,
+    /// or paced further ahead than the worker waits in memory).
+    pub deferred: u64,
+    /// Jobs parked behind a held key.
+    pub parked: u64,
+    /// Keys held now.
+    pub held_keys: usize,
     /// Partitions owned now.
     pub owned: usize,
     /// Jobs buffered or running now.
@@ -182,13 +244,33 @@ struct Shared {
     /// batch of finished jobs when nobody does).
     waiters: std::sync::atomic::AtomicUsize,
     clock: SharedClock,
+    /// Per work topic (as `topics`): whether its keys can be held.
+    holding: Vec<bool>,
+    /// Per work topic: its pacing rules, if it is paced.
+    rules: Vec<Option<crate::worker::pacing::TopicRules>>,
+    /// Wakes the pacing task when a paced job waits for an earlier turn.
+    pace_wake: tokio::sync::Notify,
+    /// Writes parked jobs and held keys.
+    keeper: keeper::Keeper,
     /// Where the poll thread runs its Kafka writes.
     runtime: tokio::runtime::Handle,
     stop: CancellationToken,
+    /// The first fatal error met off the poll loop (in a rebalance callback).
+    fatal: Mutex<Option<String>>,
     stats: Stats,
 }
 
 impl Shared {
+    /// Stop the worker for `what`, which `run_until` returns.
+    fn fail(&self, what: String) {
+        tracing::error!(error = %what, "worker stopping");
+        self.fatal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(what);
+        self.stop.cancel();
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -340,7 +422,18 @@ impl WorkerBuilder {
                     clock: self.clock.clone(),
                 },
                 handler: Arc::new(handler),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    holds: Holds::new(w.max_held_keys),
+                    ..State::default()
+                }),
+                holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),
+                rules: w
+                    .topics
+                    .iter()
+                    .map(|t| w.pacing.get(t).map(crate::worker::pacing::TopicRules::of))
+                    .collect(),
+                pace_wake: tokio::sync::Notify::new(),
+                keeper: keeper::Keeper::new(),
                 finished: Condvar::new(),
                 producer,
                 raw,
@@ -351,6 +444,7 @@ impl WorkerBuilder {
                 clock: self.clock,
                 runtime,
                 stop: CancellationToken::new(),
+                fatal: Mutex::new(None),
                 stats: Stats {
                     by_topic: w.topics.iter().map(|_| TopicCounts::default()).collect(),
                     ..Stats::default()
@@ -384,6 +478,9 @@ fn stats(shared: &Shared) -> WorkerStats {
         dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
         panicked: s.panicked.load(Ordering::Relaxed),
         handed_to_scheduler: s.handed_to_scheduler.load(Ordering::Relaxed),
+        deferred: s.deferred.load(Ordering::Relaxed),
+        parked: s.parked.load(Ordering::Relaxed),
+        held_keys: st.holds.len(),
         owned: st.owned.len(),
         open: st.tracker.open(),
     }
@@ -427,6 +524,12 @@ impl Worker {
         for inbox in inboxes {
             tokio::spawn(drive::drive(shared.clone(), inbox, halt.clone()));
         }
+        if let Some(inbox) = shared.keeper.take_inbox() {
+            tokio::spawn(keeper::keep(shared.clone(), inbox));
+        }
+        if shared.rules.iter().any(Option::is_some) {
+            tokio::spawn(pace::pace(shared.clone()));
+        }
         let poll_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("kairos-worker-poll".into())
@@ -450,6 +553,9 @@ impl Worker {
         }
         let result = result?;
         info!(stats = ?stats(&shared), "worker stopped");
+        if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(WorkerError::Fatal(e));
+        }
         result
     }
 }

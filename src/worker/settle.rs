@@ -87,6 +87,9 @@ pub(crate) enum Plan {
     Retry { next: Job, delay: Duration },
     /// Dead-letter the job (with its last error), for this reason.
     Dead { job: Job, reason: String },
+    /// Write the same attempt again, due later (rate limited, or its
+    /// pacing turn is further ahead than the worker waits in memory).
+    Defer { next: Job },
 }
 
 /// What an outcome means for `job` at `now`. A retry past the job's attempts
@@ -105,6 +108,14 @@ pub(crate) fn plan(
             job: job.clone(),
             reason,
         },
+        Outcome::RateLimited { until } => {
+            let mut next = job.clone();
+            next.run_at = until;
+            // Not before that, early allowance or not; no longer parked.
+            next.early = None;
+            next.parked = None;
+            Plan::Defer { next }
+        }
         Outcome::Retry { after, error } => {
             let max = job.max_attempts.unwrap_or(policy.max_attempts);
             let mut next = job.clone();
@@ -116,6 +127,7 @@ pub(crate) fn plan(
             let delay = after.unwrap_or_else(|| policy.backoff.delay(job.attempt, rng));
             next.attempt += 1;
             next.last_error = Some(error);
+            next.parked = None;
             // A retry never starts early: its run-at is its backoff.
             next.early = None;
             let run_at = chrono::Duration::from_std(delay)
@@ -145,6 +157,12 @@ pub enum Settled {
     DeadLettered {
         /// Why (the dead letter's `kairos-dead-reason`).
         reason: String,
+    },
+    /// The same attempt was written through the scheduler, due later
+    /// ([`Outcome::RateLimited`], or a long pacing wait).
+    Deferred {
+        /// The job as written: same id and attempt, run-at later.
+        next: Job,
     },
 }
 
@@ -221,6 +239,14 @@ impl Settler {
                 Ok(Settled::Retried { next: next.clone() })
             }
             Plan::Dead { job, reason } => self.dead_letter(job.clone(), origin, reason.clone()).await,
+            Plan::Defer { next } => {
+                self.outbox
+                    .enqueue(next.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                debug!(job_id = %job.id, run_at = %wire::format_time(next.run_at), "deferred");
+                Ok(Settled::Deferred { next: next.clone() })
+            }
         }
     }
 
@@ -338,6 +364,25 @@ mod tests {
             &mut rand::thread_rng(),
         );
         assert!(matches!(p, Plan::Dead { .. }), "{p:?}");
+    }
+
+    #[test]
+    fn a_rate_limited_job_runs_again_at_its_time_with_the_same_attempt() {
+        let mut j = job(2).early(Duration::from_secs(5));
+        j.parked = Some(4);
+        let until = truncate_to_millis(Utc::now() + chrono::Duration::seconds(30));
+        let p = plan(
+            &j,
+            Outcome::rate_limited(until),
+            &policy(),
+            Utc::now(),
+            &mut rand::thread_rng(),
+        );
+        let Plan::Defer { next } = p else {
+            panic!("not deferred: {p:?}")
+        };
+        assert_eq!((next.id, next.attempt, next.run_at), (j.id, 2, until));
+        assert_eq!((next.early, next.parked), (None, None));
     }
 
     #[test]

@@ -181,7 +181,7 @@ impl TestWorker {
         loop {
             let run = self.run(job).await;
             let next = match &run.settled {
-                Settled::Retried { next } => Some(next.clone()),
+                Settled::Retried { next } | Settled::Deferred { next } => Some(next.clone()),
                 Settled::Done { .. } | Settled::DeadLettered { .. } => None,
             };
             runs.push(run);

@@ -189,6 +189,7 @@ impl Broker {
         cfg.topics.schedule = format!("{p}.schedule");
         cfg.topics.changelog = format!("{p}.changelog");
         cfg.topics.dead_letter = format!("{p}.dead");
+        cfg.topics.held = format!("{p}.held");
         cfg.topics.work = vec![format!("{p}.jobs")];
         cfg.topics.schedule_partitions = 3;
         cfg.topics.work_partitions = 3;

@@ -241,6 +241,8 @@ pub(super) fn apply_batch(
                     pb.changes.push(Change::Put(sj));
                 }
             }
+            // Work topics only: decoding refuses it on the schedule topic.
+            Command::Release { .. } => {}
         }
     }
     for (p, pb) in parts.iter_mut() {

@@ -249,7 +249,7 @@ pub(super) struct Record {
 pub(super) fn id_of(c: &Command) -> JobId {
     match c {
         Command::Schedule(job) => job.id,
-        Command::Cancel(id) | Command::Reschedule { id, .. } => *id,
+        Command::Cancel(id) | Command::Reschedule { id, .. } | Command::Release { id, .. } => *id,
     }
 }
 

@@ -115,6 +115,9 @@ impl DueKey {
 }
 
 /// One change to a partition's pending jobs.
+// Puts are nearly every change (a job each): boxing them would cost an
+// allocation per job to save bytes on the rare deletes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// Add the job, replacing any pending job with the same id. Putting the
@@ -128,6 +131,8 @@ pub enum Change {
 }
 
 /// What a change did to the near range, for the in-memory window to follow.
+// As `Change`: most are additions, one per job.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
     /// A job became pending at this key.

@@ -9,7 +9,9 @@ use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument};
 
+use super::held;
 use super::offsets::finish_in;
+use super::pace;
 use super::{Entry, Shared, State, Tp};
 
 use crate::worker::handler::{run_caught, JobContext};
@@ -30,6 +32,9 @@ pub(super) struct Finished {
     pub(super) generation: u64,
     /// Its outcome is acknowledged by Kafka: its offset may be committed.
     pub(super) settled: bool,
+    /// It took no concurrency slot: it was settled without running its
+    /// handler (see [`Entry::instead`]).
+    pub(super) no_slot: bool,
 }
 
 impl Finished {
@@ -42,21 +47,37 @@ impl Finished {
             offset,
             generation,
             settled: false,
+            no_slot: false,
         }
     }
 }
 
-/// Take as many ready jobs as free slots allow; the caller runs them.
+/// Take as many ready jobs as free slots allow (paced jobs whose turn came
+/// first); the caller runs them.
 pub(super) fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
     let mut starts = Vec::new();
-    while st.table.running() < shared.concurrency {
-        let Some(entry) = st.table.next_ready() else { break };
-        let Some(owned) = st.owned.get(&entry.tp) else {
+    let now_ms = shared.clock.now().timestamp_millis();
+    while st.running() < shared.concurrency {
+        let Some(entry) = st.paced.due.pop_front().or_else(|| st.table.next_ready()) else {
+            break;
+        };
+        if !st.owned.contains_key(&entry.tp) {
             // Partition gone since the job was buffered: forget it.
             let key = entry.job.key.clone();
             st.table.complete(&key);
             continue;
+        }
+        // On a paced topic, a job whose turn is ahead waits for it.
+        let Some(entry) = pace::gate(shared, st, entry, now_ms) else {
+            continue;
         };
+        let Some(owned) = st.owned.get(&entry.tp) else {
+            continue;
+        };
+        if entry.instead.is_some() {
+            // Settled without its handler (a write or two): no slot taken.
+            st.no_slot += 1;
+        }
         let cancel = owned.cancel.clone();
         let generation = owned.generation;
         *st.in_flight.entry(entry.tp).or_insert(0) += 1;
@@ -107,11 +128,19 @@ pub(super) async fn drive(
 }
 
 /// Mark finished jobs done in the lock table and offset tracker; returns the
-/// jobs that may start now.
+/// jobs that may start now. A key that became held has its buffered jobs
+/// parked instead.
 pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<Start> {
+    let mut parks = Vec::new();
     let starts = {
         let mut st = shared.state();
         for f in done.drain(..) {
+            if f.no_slot {
+                st.no_slot = st.no_slot.saturating_sub(1);
+            }
+            if f.settled {
+                held::park_buffered(&mut st, f.tp, &f.key, &mut parks);
+            }
             st.table.complete(&f.key);
             if let Some(n) = st.in_flight.get_mut(&f.tp) {
                 *n = n.saturating_sub(1);
@@ -122,13 +151,29 @@ pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<
         }
         start_ready(shared, &mut st)
     };
+    shared.keeper.park(parks);
     shared.notify_finished();
     starts
 }
 
 pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
+    let no_slot = start.entry.instead.is_some();
+    Finished {
+        no_slot,
+        ..run(shared, start).await
+    }
+}
+
+async fn run(shared: Arc<Shared>, start: Start) -> Finished {
     let Start {
-        entry: Entry { job, tp, offset },
+        entry:
+            Entry {
+                job,
+                tp,
+                offset,
+                instead,
+                ..
+            },
         cancel,
         generation,
     } = start;
@@ -141,7 +186,7 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
     // A job slightly early (within the tolerance) waits here: it never starts
     // before its run-at, less its early allowance if it has one.
     let early = job.earliest_start() - shared.clock.now();
-    if early > chrono::Duration::zero() {
+    if early > chrono::Duration::zero() && instead.is_none() {
         let wait = early.to_std().unwrap_or_default();
         // Boxed, as it is rare: a timer inline would grow every job's future.
         Box::pin(async {
@@ -152,60 +197,81 @@ pub(super) async fn run_job(shared: Arc<Shared>, start: Start) -> Finished {
         })
         .await;
     }
-    let settled = if cancel.is_cancelled() {
-        false
-    } else {
-        shared.stats.started.fetch_add(1, Ordering::Relaxed);
-        let by_topic = shared.stats.by_topic.get(tp.0);
-        if let Some(t) = by_topic {
-            t.started.fetch_add(1, Ordering::Relaxed);
-        }
-        let started = std::time::Instant::now();
-        let delay = shared.clock.now() - job.run_at;
-        shared.stats.start_delay.observe_ms(delay.num_milliseconds());
-        let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
-            partition = tp.1, offset, attempt = job.attempt);
-        let (outcome, panic) =
-            run_caught(shared.handler.call(job.clone(), ctx).instrument(span.clone())).await;
-        shared.stats.duration.observe(started.elapsed());
-        if let Some(msg) = panic {
-            shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
-            warn!(parent: &span, panic = %msg, "handler panicked");
-        }
-        let origin = Origin {
-            topic: &shared.topics[tp.0],
-            partition: tp.1,
-            offset,
-        };
-        // Boxed: the settling future is large and rarely more than one
-        // write; inline, it would make every job's future kilobytes big.
-        let settled = Box::pin(shared.settler.settle(&job, origin, outcome, &cancel))
-            .instrument(span)
-            .await;
-        let (counter, topic_counter) = match &settled {
-            Some(Settled::Done { .. }) => (&shared.stats.succeeded, by_topic.map(|t| &t.succeeded)),
-            Some(Settled::Retried { .. }) => (&shared.stats.retried, by_topic.map(|t| &t.retried)),
-            Some(Settled::DeadLettered { .. }) => {
-                (&shared.stats.dead_lettered, by_topic.map(|t| &t.dead_lettered))
+    if cancel.is_cancelled() {
+        return Finished::unsettled(job, tp, offset, generation);
+    }
+    shared.stats.started.fetch_add(1, Ordering::Relaxed);
+    let by_topic = shared.stats.by_topic.get(tp.0);
+    if let Some(t) = by_topic {
+        t.started.fetch_add(1, Ordering::Relaxed);
+    }
+    let span = tracing::debug_span!("job", job_id = %job.id, key = %job.key_lossy(), topic = %ctx.topic,
+        partition = tp.1, offset, attempt = job.attempt);
+    let outcome = match instead {
+        // Settled without running (a released key's blocker).
+        Some(outcome) => outcome,
+        None => {
+            let started = std::time::Instant::now();
+            let delay = shared.clock.now() - job.run_at;
+            shared.stats.start_delay.observe_ms(delay.num_milliseconds());
+            let (outcome, panic) =
+                run_caught(shared.handler.call(job.clone(), ctx).instrument(span.clone())).await;
+            shared.stats.duration.observe(started.elapsed());
+            if let Some(msg) = panic {
+                shared.stats.panicked.fetch_add(1, Ordering::Relaxed);
+                warn!(parent: &span, panic = %msg, "handler panicked");
             }
-            None => {
-                if let Some(t) = by_topic {
-                    t.unsettled.fetch_add(1, Ordering::Relaxed);
-                }
-                return Finished::unsettled(job, tp, offset, generation);
+            if let crate::worker::Outcome::RateLimited { until } = &outcome {
+                pace::pause(&shared, tp, job.pacing_key(), until.timestamp_millis());
             }
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = topic_counter {
-            c.fetch_add(1, Ordering::Relaxed);
+            outcome
         }
-        true
     };
+    let origin = Origin {
+        topic: &shared.topics[tp.0],
+        partition: tp.1,
+        offset,
+    };
+    // Boxed: the settling future is large and rarely more than one
+    // write; inline, it would make every job's future kilobytes big.
+    let settled = Box::pin(shared.settler.settle(&job, origin, outcome, &cancel))
+        .instrument(span.clone())
+        .await;
+    let settled = match settled {
+        // Its key's hold, if it has one, is written before it counts as finished.
+        Some(s)
+            if held::settled(&shared, &job, tp, generation, &s)
+                .instrument(span)
+                .await =>
+        {
+            Some(s)
+        }
+        _ => None,
+    };
+    let (counter, topic_counter) = match &settled {
+        Some(Settled::Done { .. }) => (&shared.stats.succeeded, by_topic.map(|t| &t.succeeded)),
+        Some(Settled::Retried { .. }) => (&shared.stats.retried, by_topic.map(|t| &t.retried)),
+        Some(Settled::Deferred { .. }) => (&shared.stats.deferred, by_topic.map(|t| &t.deferred)),
+        Some(Settled::DeadLettered { .. }) => {
+            (&shared.stats.dead_lettered, by_topic.map(|t| &t.dead_lettered))
+        }
+        None => {
+            if let Some(t) = by_topic {
+                t.unsettled.fetch_add(1, Ordering::Relaxed);
+            }
+            return Finished::unsettled(job, tp, offset, generation);
+        }
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if let Some(c) = topic_counter {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
     Finished {
         key: job.key,
         tp,
         offset,
         generation,
-        settled,
+        settled: true,
+        no_slot: false,
     }
 }

@@ -20,6 +20,7 @@ fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
                 ("succeeded", &c.succeeded),
                 ("retried", &c.retried),
                 ("dead_lettered", &c.dead_lettered),
+                ("deferred", &c.deferred),
             ]
             .map(|(outcome, n)| {
                 (
@@ -34,7 +35,11 @@ fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
 /// Handler runs of one topic going on now: started, not yet ended.
 fn running(c: &super::TopicCounts) -> u64 {
     let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
-    let ended = load(&c.succeeded) + load(&c.retried) + load(&c.dead_lettered) + load(&c.unsettled);
+    let ended = load(&c.succeeded)
+        + load(&c.retried)
+        + load(&c.dead_lettered)
+        + load(&c.deferred)
+        + load(&c.unsettled);
     load(&c.started).saturating_sub(ended)
 }
 
@@ -56,6 +61,13 @@ fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
             })
         })
         .collect()
+}
+
+/// How long the longest-held key has been held, in seconds.
+fn held_oldest_seconds(h: &WorkerHandle) -> i64 {
+    let oldest = h.shared.state().holds.oldest_ms();
+    let now = h.shared.clock.now().timestamp_millis();
+    oldest.map_or(0, |since| (now - since).max(0) / 1000)
 }
 
 /// Records read and not yet below the commit point, over owned partitions.
@@ -120,6 +132,43 @@ impl Source for WorkerHandle {
             "Records read past each owned partition's commit point (the lowest unfinished \
                  offset), summed: what a crash now would run again at most.",
             uncommitted(self),
+        )
+        .gauge(
+            "kairos_worker_held_keys",
+            "Keys held now (a failed job waiting for its retry on a hold_key topic, or a long \
+                 pacing wait), over owned partitions.",
+            s.held_keys as i64,
+        )
+        .gauge(
+            "kairos_worker_held_key_oldest_seconds",
+            "How long the longest-held key has been held (0: none held).",
+            held_oldest_seconds(self),
+        )
+        .gauge(
+            "kairos_worker_paced_waiting_jobs",
+            "Jobs waiting in memory for their pacing turn (holding no concurrency slot).",
+            self.shared.state().paced.holding() as i64,
+        )
+        .counter(
+            "kairos_worker_parked",
+            "Jobs parked behind a held key (written to the scheduler, to come back in order).",
+            s.parked,
+        )
+        .counter(
+            "kairos_worker_deferred",
+            "Jobs written again with the same attempt, due later (rate limited, or a pacing turn \
+                 further ahead than the worker waits in memory).",
+            s.deferred,
+        )
+        .counter(
+            "kairos_worker_hold_overflow",
+            "Failures whose key was not held because max_held_keys were (their retries overtook).",
+            self.shared.stats.hold_overflow.load(Ordering::Relaxed),
+        )
+        .counter(
+            "kairos_worker_released_keys",
+            "Key releases read (kairos keys release).",
+            self.shared.stats.released.load(Ordering::Relaxed),
         )
         .histogram(
             "kairos_worker_start_delay_seconds",

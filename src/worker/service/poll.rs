@@ -12,11 +12,12 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::drive::start_ready;
+use super::held;
 use super::offsets::write_in_background;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 
 use crate::job::Job;
-use crate::wire::{Context, DeadLetter, RecordView};
+use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
 pub(super) struct Ctx {
@@ -52,14 +53,23 @@ impl ConsumerContext for Ctx {
                     .stats
                     .assigned
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tps: Vec<Tp> = tpl
+                    .elements()
+                    .iter()
+                    .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
+                    .collect();
+                // Held keys first: no job of these partitions is read before.
+                if let Err(e) = held::load(&self.shared, &tps) {
+                    warn!(error = %e, "stopping: the held keys of assigned partitions could not be read");
+                    self.shared.fail(e.to_string());
+                    return;
+                }
                 let mut st = self.shared.state();
-                for e in tpl.elements() {
-                    if let Some(tp) = self.shared.tp(e.topic(), e.partition()) {
-                        st.next_generation += 1;
-                        let generation = st.next_generation;
-                        let cancel = self.shared.stop.child_token();
-                        st.owned.insert(tp, Owned { cancel, generation });
-                    }
+                for tp in tps {
+                    st.next_generation += 1;
+                    let generation = st.next_generation;
+                    let cancel = self.shared.stop.child_token();
+                    st.owned.insert(tp, Owned { cancel, generation });
                 }
                 info!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect::<Vec<_>>(),
                     "work partitions assigned");
@@ -79,6 +89,11 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
     let mut dropped = 0;
     for tp in tps {
         dropped += st.table.drop_partition(*tp).len();
+        // Paced jobs waiting for their turn hold their keys: unlock them.
+        for e in st.paced.drop_partition(*tp) {
+            st.table.complete(&e.job.key);
+            dropped += 1;
+        }
         if let Some(o) = st.owned.get(tp) {
             o.cancel.cancel();
         }
@@ -111,6 +126,7 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
         st.tracker.remove(*tp);
         st.owned.remove(tp);
         st.to_store.remove(tp);
+        st.holds.drop_partition(*tp);
     }
     drop(st);
     if tpl.count() > 0 {
@@ -151,10 +167,10 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         let mut polled_at_most = Duration::from_millis(50);
         {
             let mut st = shared.state();
-            if st.table.buffered() >= max_buffered {
+            if st.buffered() >= max_buffered {
                 let resume_below = (max_buffered - max_buffered / 4).max(1);
                 let until = Instant::now() + Duration::from_secs(1);
-                while st.table.buffered() >= resume_below && !shared.stop.is_cancelled() {
+                while st.buffered() >= resume_below && !shared.stop.is_cancelled() {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
@@ -171,7 +187,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
                         st = shared.state();
                     }
                 }
-                if st.table.buffered() >= max_buffered {
+                if st.buffered() >= max_buffered {
                     polled_at_most = Duration::ZERO;
                 } else {
                     continue;
@@ -179,7 +195,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
             }
         }
         let room = max_buffered
-            .saturating_sub(shared.state().table.buffered())
+            .saturating_sub(shared.state().buffered())
             .clamp(1, 1024);
         let mut batch: Vec<BorrowedMessage<'_>> = Vec::new();
         let mut next = consumer.poll(polled_at_most);
@@ -259,30 +275,49 @@ impl Default for Commits {
 pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     let now = shared.clock.now();
     let tolerance = chrono::Duration::from_std(shared.cfg.worker.early_tolerance).unwrap_or_default();
-    let mut runnable: Vec<Entry> = Vec::with_capacity(msgs.len());
+    let mut jobs: Vec<Entry> = Vec::with_capacity(msgs.len());
     for m in msgs {
         let Some(tp) = shared.tp(m.topic(), m.partition()) else {
             continue;
         };
         let offset = m.offset();
         let view = RecordView::from_message(m);
-        match wire::decode_job(&view, Context::Work, &shared.cfg.limits) {
-            // A job may start from its run-at less its early allowance.
-            Ok(job) if job.earliest_start() <= now + tolerance => runnable.push(Entry { job, tp, offset }),
-            Ok(job) => hand_to_scheduler(shared, job, tp, offset),
+        match wire::decode(&view, Context::Work, &shared.cfg.limits) {
+            Ok(Command::Schedule(job)) => jobs.push(Entry::new(job, tp, offset)),
+            Ok(Command::Release { key, id }) => held::release(shared, tp, offset, key, id),
+            // Decoding allows neither on a work topic.
+            Ok(Command::Cancel(_) | Command::Reschedule { .. }) => {}
             Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
     }
+    let now_ms = now.timestamp_millis();
+    let mut parks = Vec::new();
+    let mut early = Vec::new();
     let starts = {
         let mut st = shared.state();
-        for e in runnable {
-            if st.owned.contains_key(&e.tp) {
-                st.tracker.read(e.tp, e.offset);
-                st.table.push(e);
+        for e in jobs {
+            if !st.owned.contains_key(&e.tp) {
+                continue;
             }
+            // Unfinished from now on: a parked job until the keeper wrote
+            // it, an early one until the scheduler has it.
+            st.tracker.read(e.tp, e.offset);
+            let Some(e) = held::admit(shared, &mut st, e, now_ms, &mut parks) else {
+                continue;
+            };
+            // A job may start from its run-at less its early allowance.
+            if e.instead.is_none() && e.job.earliest_start() > now + tolerance {
+                early.push(e);
+                continue;
+            }
+            st.table.push(e);
         }
         start_ready(shared, &mut st)
     };
+    shared.keeper.park(parks);
+    for e in early {
+        hand_to_scheduler(shared, e.job, e.tp, e.offset);
+    }
     shared.dispatch(starts);
 }
 

@@ -1,0 +1,75 @@
+//! Held keys as held-topic records: key = work topic, a zero byte, entity
+//! key; value = the [`Hold`] as JSON (`null` value: let go); partition =
+//! the work partition the key is read from.
+
+use crate::wire::OwnedRecord;
+
+use super::{Change, Hold};
+
+/// The held-topic record key of `key` on work topic `topic`.
+pub fn record_key(topic: &str, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(topic.len() + 1 + key.len());
+    out.extend_from_slice(topic.as_bytes());
+    out.push(0);
+    out.extend_from_slice(key);
+    out
+}
+
+/// The work topic and entity key of a held-topic record key.
+pub fn split_key(record_key: &[u8]) -> Option<(&str, &[u8])> {
+    let at = record_key.iter().position(|b| *b == 0)?;
+    let topic = std::str::from_utf8(&record_key[..at]).ok()?;
+    Some((topic, &record_key[at + 1..]))
+}
+
+/// The record of `change` to `key` of `topic`, for held topic `held`.
+pub fn record(held: &str, topic: &str, key: &[u8], change: &Change) -> OwnedRecord {
+    OwnedRecord {
+        topic: held.to_string(),
+        key: record_key(topic, key),
+        value: match change {
+            Change::Put(h) => Some(serde_json::to_vec(h).expect("a hold serializes")),
+            Change::Let => None,
+        },
+        headers: Vec::new(),
+    }
+}
+
+/// A record value read back: `Ok(None)` for a tombstone.
+pub fn decode(value: Option<&[u8]>) -> Result<Option<Hold>, serde_json::Error> {
+    value.map(serde_json::from_slice).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::hold::{Blocker, Cause};
+
+    #[test]
+    fn keys_and_values_round_trip() {
+        let k = record_key("crawl", b"a\0b");
+        assert_eq!(split_key(&k), Some(("crawl", &b"a\0b"[..])));
+        assert_eq!(split_key(b"no-zero"), None);
+        let hold = Hold {
+            blocker: Some(Blocker {
+                id: crate::JobId::new(),
+                attempt: 3,
+                due_ms: 1_700_000_000_000,
+                cause: Cause::Failed,
+                arrived: true,
+            }),
+            tail: 2,
+            tail_at_ms: 5,
+            since_ms: 1,
+            released: None,
+        };
+        let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
+        let back = decode(rec.value.as_deref()).unwrap().unwrap();
+        assert!(!back.blocker.as_ref().unwrap().arrived, "not kept");
+        assert_eq!(back.blocker.unwrap().id, hold.blocker.unwrap().id);
+        assert_eq!(decode(None).unwrap(), None);
+        let tomb = record("kairos.held", "crawl", b"k", &Change::Let);
+        assert_eq!(tomb.value, None);
+        assert!(decode(Some(b"{")).is_err());
+    }
+}

@@ -1,0 +1,214 @@
+//! Held keys in the running worker ([`crate::worker::hold`] decides): read
+//! back on assignment, consulted for every job read, updated and written
+//! (through the keeper) when a job of a holdable key settles, and released
+//! by an operator's release record.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::keeper::ParkedJob;
+use super::offsets::write_in_background;
+use super::{Entry, Shared, State, Tp, WorkerError};
+
+use crate::config::OnFailure;
+use crate::job::{Job, JobId};
+use crate::kafka;
+use crate::worker::hold::{record, Admit, Cause, HoldUpdate, Settlement};
+use crate::worker::settle::Settled;
+
+/// Longest the held topic's partitions may take to read on assignment.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Read the holds of newly assigned partitions back from the held topic,
+/// before any of their jobs is admitted (called on the poll thread, in the
+/// assignment callback).
+pub(super) fn load(shared: &Shared, tps: &[Tp]) -> Result<(), WorkerError> {
+    let tps: Vec<Tp> = tps.iter().copied().filter(|tp| shared.holding[tp.0]).collect();
+    if tps.is_empty() {
+        return Ok(());
+    }
+    let mut partitions: Vec<i32> = tps.iter().map(|tp| tp.1).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let started = std::time::Instant::now();
+    let mut found = Vec::new();
+    kafka::read_to_end(
+        &shared.cfg.kafka,
+        "kairos-worker-holds",
+        &shared.cfg.topics.held,
+        Some(&partitions),
+        LOAD_TIMEOUT,
+        |m| {
+            use rdkafka::Message as _;
+            let Some((topic, key)) = m.key().and_then(record::split_key) else {
+                return;
+            };
+            let Some(tp) = shared.tp(topic, m.partition()) else {
+                return;
+            };
+            if !tps.contains(&tp) {
+                return;
+            }
+            match record::decode(m.payload()) {
+                Ok(hold) => found.push((tp, key.to_vec(), hold)),
+                Err(e) => warn!(topic, key = %String::from_utf8_lossy(key), partition = tp.1,
+                    offset = m.offset(), error = %e, "held-topic record unreadable; ignored"),
+            }
+        },
+    )
+    .map_err(|e| WorkerError::Fatal(format!("reading held keys back: {e}")))?;
+    let mut st = shared.state();
+    for (tp, key, hold) in found {
+        st.holds.load(tp, &key, hold);
+    }
+    info!(partitions = ?partitions, held = st.holds.len(), took = ?started.elapsed(), "held keys read back");
+    Ok(())
+}
+
+/// Jobs just read from a holdable partition: those that may run go on to
+/// the lock table (the caller buffers them), the others are parked.
+pub(super) fn admit(
+    shared: &Shared,
+    st: &mut State,
+    e: Entry,
+    now_ms: i64,
+    parks: &mut Vec<ParkedJob>,
+) -> Option<Entry> {
+    if !shared.holding[e.tp.0] {
+        return Some(e);
+    }
+    match st.holds.admit(e.tp, &e.job, now_ms) {
+        Admit::Run => Some(e),
+        Admit::Released => Some(Entry {
+            instead: Some(crate::worker::Outcome::dead(
+                "its key was released by an operator (kairos keys release)",
+            )),
+            ..e
+        }),
+        Admit::Park { seq, at_ms } => {
+            parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
+            None
+        }
+    }
+}
+
+/// A parked job as the keeper writes it; its partition's in-flight count
+/// covers it until written.
+fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
+    job.parked = Some(seq);
+    job.early = None;
+    job.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or(job.run_at);
+    *st.in_flight.entry(tp).or_insert(0) += 1;
+    let generation = st.owned.get(&tp).map_or(0, |o| o.generation);
+    ParkedJob {
+        job,
+        tp,
+        offset,
+        generation,
+    }
+}
+
+/// After `key`'s running job settled: if its key is now held, take its
+/// buffered jobs out of the lock table to park them.
+pub(super) fn park_buffered(st: &mut State, tp: Tp, key: &[u8], parks: &mut Vec<ParkedJob>) {
+    if !st.holds.parks_buffered(tp, key) {
+        return;
+    }
+    for e in st.table.take_buffered(key) {
+        if let Some(Admit::Park { seq, at_ms }) = st.holds.park_buffered(tp, &e.job) {
+            parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
+        }
+    }
+}
+
+/// `job`'s outcome is written: update its key's hold and write it before
+/// the job counts as finished. `false` when the write could not be made
+/// (the partition went): the job stays unfinished.
+pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64, settled: &Settled) -> bool {
+    if !shared.holding[tp.0] {
+        return true;
+    }
+    let topic = &shared.topics[tp.0];
+    let how = match settled {
+        Settled::Retried { next } if shared.cfg.worker.on_failure(topic) == OnFailure::HoldKey => {
+            Settlement::Again {
+                attempt: next.attempt,
+                due_ms: next.run_at.timestamp_millis(),
+                cause: Cause::Failed,
+            }
+        }
+        Settled::Deferred { next } => Settlement::Again {
+            attempt: next.attempt,
+            due_ms: next.run_at.timestamp_millis(),
+            cause: Cause::Paced,
+        },
+        _ => Settlement::Finished,
+    };
+    let now_ms = shared.clock.now().timestamp_millis();
+    let update = shared.state().holds.settled(tp, job, how, now_ms);
+    match update {
+        HoldUpdate::Unchanged => true,
+        HoldUpdate::Overflow => {
+            shared.stats.hold_overflow.fetch_add(1, Ordering::Relaxed);
+            warn!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, max = shared.cfg.worker.max_held_keys,
+                "too many keys held: this key is not held, its later jobs may overtake the retry");
+            true
+        }
+        HoldUpdate::Write(change) => {
+            if let crate::worker::hold::Change::Put(h) = &change {
+                if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
+                    info!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, attempt = b.attempt,
+                        cause = ?b.cause, held_ms = now_ms - h.since_ms, "key held");
+                }
+            }
+            shared.keeper.write(tp, job.key.clone(), generation).await
+        }
+    }
+}
+
+/// An operator's release of `key`, held by `id`, read at `offset`: the key
+/// lets its jobs run, the job's next run is brought forward to be
+/// dead-lettered when it comes back, and the record is finished once the
+/// hold is written.
+pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, id: JobId) {
+    let (change, generation) = {
+        let mut st = shared.state();
+        let generation = st.owned.get(&tp).map(|o| o.generation);
+        (st.holds.release(tp, &key, id), generation)
+    };
+    let key_text = String::from_utf8_lossy(&key).into_owned();
+    let (Some(_), Some(generation)) = (change, generation) else {
+        warn!(job_id = %id, key = %key_text, partition = tp.1, offset,
+            "release of a key not held by that job here; ignored");
+        let mut st = shared.state();
+        if st.owned.contains_key(&tp) {
+            st.tracker.read(tp, offset);
+            if let Some(c) = st.tracker.finish(tp, offset) {
+                st.to_store.insert(tp, c);
+            }
+        }
+        return;
+    };
+    info!(job_id = %id, key = %key_text, partition = tp.1, offset, "key released by an operator");
+    let s = shared.clone();
+    write_in_background(
+        shared,
+        tp,
+        offset,
+        |s| &s.released,
+        move || {
+            let (s, key) = (s.clone(), key.clone());
+            async move {
+                if !s.keeper.write(tp, key, generation).await {
+                    return Err("the hold was not written".to_string());
+                }
+                // Bring the released job back now, to be dead-lettered.
+                let now = s.clock.now();
+                s.producer.reschedule(id, now).await.map_err(|e| e.to_string())
+            }
+        },
+    );
+}

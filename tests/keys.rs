@@ -1,0 +1,439 @@
+//! Per-key flow control against a real broker: a failing job holds its key
+//! (`on_failure = "hold_key"`) while the partition's other keys and its
+//! committed offset move on; an operator releases a held key; pacing spaces
+//! a limiter key's starts, a rate-limited outcome pauses its limiter key,
+//! and a key waiting for its turn delays no other key. Timing-sensitive,
+//! so a binary of its own, its tests one at a time.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::system::{config, kairos_json, run};
+use common::{committed, header, read_n, wait_for, Broker};
+use kairos::config::{Limit, OnFailure, Pacing};
+use kairos::worker::Outcome;
+use kairos::{Config, Job, Producer};
+
+/// One test at a time: they measure time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const T: Duration = Duration::from_secs(60);
+
+/// A handler start: key, limiter key, payload, attempt, when.
+#[derive(Clone, Debug)]
+struct Start {
+    key: String,
+    limit: String,
+    payload: String,
+    attempt: u32,
+    at: Instant,
+}
+
+type Starts = Arc<Mutex<Vec<Start>>>;
+
+fn record(starts: &Starts, job: &Job) {
+    starts.lock().unwrap().push(Start {
+        key: String::from_utf8_lossy(&job.key).into_owned(),
+        limit: String::from_utf8_lossy(job.pacing_key()).into_owned(),
+        payload: String::from_utf8_lossy(&job.payload).into_owned(),
+        attempt: job.attempt,
+        at: Instant::now(),
+    });
+}
+
+/// One work partition, so that every key shares it.
+fn one_partition(broker: &Broker, dir: &std::path::Path) -> Config {
+    let mut cfg = config(broker, dir);
+    cfg.topics.work_partitions = 1;
+    cfg.worker.on_failure = OnFailure::HoldKey;
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_move_on() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_partition(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            record(&s, &job);
+            match (job.key.as_slice(), job.payload.as_slice(), job.attempt) {
+                (b"K", b"2", 1) => Outcome::retry_after(Duration::from_millis(300), "first failure"),
+                // A long wait: the test looks at the partition meanwhile.
+                (b"K", b"2", 2) => Outcome::retry_after(Duration::from_secs(4), "second failure"),
+                _ => Outcome::done(),
+            }
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let mut written = 0;
+    for n in 1..=5 {
+        producer
+            .enqueue(Job::new(&work, "K", n.to_string().into_bytes()))
+            .await
+            .unwrap();
+        written += 1;
+        for o in 0..4 {
+            let other = Job::new(&work, format!("other-{o}"), format!("{n}").into_bytes());
+            producer.enqueue(other).await.unwrap();
+            written += 1;
+        }
+    }
+    let attempts_of_2 = |s: &[Start]| s.iter().filter(|x| x.key == "K" && x.payload == "2").count();
+    wait_for("job 2's second failure", T, || {
+        (attempts_of_2(&starts.lock().unwrap()) == 2).then_some(())
+    });
+    // While job 2 waits for its third attempt: every other key's jobs ran,
+    // K's later jobs did not, and the committed offset is past all of them.
+    let seen = wait_for("the partition to move past K's held jobs", T, || {
+        let s = starts.lock().unwrap();
+        let others = s.iter().filter(|x| x.key != "K").count();
+        let c = committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work);
+        (others == 20 && c >= written).then(|| (attempts_of_2(&s), c))
+    });
+    assert_eq!(seen.0, 2, "job 2 had not run again yet");
+    let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
+    let held = held.as_array().unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["key"], "K");
+    assert_eq!(held[0]["attempt"], 3);
+    assert_eq!(held[0]["cause"], "failed");
+    assert_eq!(
+        held[0]["parked"], 6,
+        "jobs 3, 4, 5 parked behind it after each failure"
+    );
+    wait_for("K's jobs to run", T, || {
+        (starts.lock().unwrap().iter().filter(|x| x.key == "K").count() >= 7).then_some(())
+    });
+    wait_for("K to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let k: Vec<&str> = s
+        .iter()
+        .filter(|x| x.key == "K")
+        .map(|x| x.payload.as_str())
+        .collect();
+    assert_eq!(k, vec!["1", "2", "2", "2", "3", "4", "5"]);
+    let first_third = s.iter().find(|x| x.key == "K" && x.attempt == 3).unwrap().at;
+    let last_other = s.iter().filter(|x| x.key != "K").map(|x| x.at).max().unwrap();
+    assert!(last_other < first_third, "other keys ran while K was held");
+    let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
+    assert_eq!(held.as_array().map(Vec::len), Some(0), "{held}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_partition(&broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            record(&s, &job);
+            if job.payload == b"1" {
+                Outcome::retry_after(Duration::from_secs(3), "never works")
+            } else {
+                Outcome::done()
+            }
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let mut ids = Vec::new();
+    for n in 1..=3 {
+        ids.push(
+            producer
+                .enqueue(Job::new(&work, "K", n.to_string().into_bytes()))
+                .await
+                .unwrap(),
+        );
+    }
+    wait_for("K to be held with jobs parked", T, || {
+        let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
+        (held[0]["parked"] == 2).then_some(())
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .arg("--config")
+        .arg(dir.path().join("kairos.toml"))
+        .args(["keys", "release", "K"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Job 1 is dead-lettered as released; 2 and 3 run, in order.
+    let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 1, T);
+    let reason = String::from_utf8_lossy(header(&dead[0], "kairos-dead-reason").unwrap()).into_owned();
+    assert!(reason.contains("released"), "{reason}");
+    assert_eq!(header(&dead[0], "kairos-id"), Some(ids[0].to_string().as_bytes()));
+    wait_for("K's other jobs to run", T, || {
+        (starts.lock().unwrap().iter().filter(|x| x.payload != "1").count() >= 2).then_some(())
+    });
+    wait_for("K to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let order: Vec<&str> = s.iter().map(|x| x.payload.as_str()).collect();
+    assert_eq!(order, vec!["1", "2", "3"], "job 1 ran once, then was released");
+}
+
+/// A paced configuration: `spacing` between starts of one limiter key on
+/// the work topic, and `overrides` per limiter key.
+fn paced(
+    broker: &Broker,
+    dir: &std::path::Path,
+    spacing: Duration,
+    overrides: &[(&str, Duration)],
+) -> Config {
+    let mut cfg = config(broker, dir);
+    let pacing = Pacing {
+        min_spacing: Some(spacing),
+        keys: overrides
+            .iter()
+            .map(|(k, d)| {
+                let l = Limit {
+                    min_spacing: Some(*d),
+                    ..Limit::default()
+                };
+                (k.to_string(), l)
+            })
+            .collect(),
+        ..Pacing::default()
+    };
+    cfg.worker.pacing.insert(cfg.topics.work[0].clone(), pacing);
+    cfg
+}
+
+/// Starts per limiter key, in order.
+fn by_limit(starts: &[Start]) -> HashMap<String, Vec<Instant>> {
+    let mut out: HashMap<String, Vec<Instant>> = HashMap::new();
+    for s in starts {
+        out.entry(s.limit.clone()).or_default().push(s.at);
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+/// Scheduling noise between the pacing decision and the handler's start.
+const TOLERANCE: Duration = Duration::from_millis(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_are_paced_100_ms_apart_in_parallel_near_the_ideal_rate() {
+    const HOSTS: usize = 10;
+    const JOBS: usize = 1_000;
+    let spacing = Duration::from_millis(100);
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = paced(&broker, dir.path(), spacing, &[]);
+    cfg.worker.concurrency = 64;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    // Entity key = the URL, limiter key = its host.
+    let jobs: Vec<Job> = (0..JOBS)
+        .map(|i| {
+            let host = format!("host{}.example", i % HOSTS);
+            Job::new(&work, format!("https://{host}/page/{i}"), b"get".to_vec()).limit_key(host)
+        })
+        .collect();
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            if job.payload != b"warm-up" {
+                record(&s, &job);
+            }
+            Outcome::done()
+        }
+    });
+    // The scheduler and the worker up and running first (a job through the
+    // scheduler and back), so that their start-up is not measured.
+    let warm = Job::new(&work, "warm-up", b"warm-up".to_vec());
+    producer
+        .enqueue(warm)
+        .after(Duration::from_millis(200))
+        .await
+        .unwrap();
+    wait_for("the warm-up job", T, || {
+        (sys.worker.stats().succeeded == 1).then_some(())
+    });
+    common::system::enqueue_all(&producer, jobs).await;
+    wait_for("every job to start", Duration::from_secs(120), || {
+        (starts.lock().unwrap().len() >= JOBS).then_some(())
+    });
+    wait_for("every paced key to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+    let stats = sys.worker.stats();
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let hosts = by_limit(&s);
+    assert_eq!(hosts.len(), HOSTS);
+    let mut closest = Duration::MAX;
+    for (host, at) in &hosts {
+        assert_eq!(at.len(), JOBS / HOSTS, "{host}");
+        for w in at.windows(2) {
+            closest = closest.min(w[1] - w[0]);
+        }
+    }
+    let first = s.iter().map(|x| x.at).min().unwrap();
+    let last = s.iter().map(|x| x.at).max().unwrap();
+    // The ideal: each host's 100 starts 100 ms apart, all hosts at once.
+    let ideal = spacing * (JOBS / HOSTS - 1) as u32;
+    let took = last - first;
+    let rate = JOBS as f64 / (took + spacing).as_secs_f64();
+    println!(
+        "{JOBS} jobs over {HOSTS} hosts, {spacing:?} apart: closest starts of a host {closest:?}, \
+         first to last start {took:?} (ideal {ideal:?}), {rate:.1} jobs/s (ideal 100); \
+         {} deferred through the scheduler",
+        stats.deferred
+    );
+    assert!(
+        closest + TOLERANCE >= spacing,
+        "two starts of a host {closest:?} apart"
+    );
+    assert!(
+        rate >= 90.0,
+        "throughput {rate:.1} jobs/s is more than 10 % below 100"
+    );
+    assert!(
+        stats.deferred > 0,
+        "turns beyond the horizon went through the scheduler"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_outcome_pauses_its_host_without_spending_an_attempt() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = paced(&broker, dir.path(), Duration::from_millis(50), &[]);
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let pause = Duration::from_secs(2);
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            record(&s, &job);
+            if job.payload == b"429" && s.lock().unwrap().iter().filter(|x| x.payload == "429").count() == 1 {
+                Outcome::rate_limited_for(pause)
+            } else {
+                Outcome::done()
+            }
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let job = |key: &str, host: &str, p: &str| Job::new(&work, key, p.as_bytes().to_vec()).limit_key(host);
+    producer.enqueue(job("a/0", "a", "429")).await.unwrap();
+    wait_for("the 429", T, || {
+        (!starts.lock().unwrap().is_empty()).then_some(())
+    });
+    for i in 1..=5 {
+        producer.enqueue(job(&format!("a/{i}"), "a", "ok")).await.unwrap();
+        producer.enqueue(job(&format!("b/{i}"), "b", "ok")).await.unwrap();
+    }
+    wait_for("every job to run", T, || {
+        (starts.lock().unwrap().len() >= 12).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let told = s[0].at;
+    let again: Vec<&Start> = s.iter().filter(|x| x.payload == "429").collect();
+    assert_eq!(again.len(), 2);
+    assert_eq!(again[1].attempt, 1, "no attempt spent");
+    assert!(
+        again[1].at - told + TOLERANCE >= pause,
+        "ran again after {:?}",
+        again[1].at - told
+    );
+    let a_after: Vec<&Start> = s.iter().filter(|x| x.limit == "a" && x.payload == "ok").collect();
+    assert!(
+        a_after.iter().all(|x| x.at + TOLERANCE >= told + pause),
+        "host a's other jobs waited out the pause"
+    );
+    let b: Vec<&Start> = s.iter().filter(|x| x.limit == "b").collect();
+    assert!(b.iter().all(|x| x.at < again[1].at), "host b went on meanwhile");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_waiting_for_its_turn_does_not_delay_other_keys() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Host "slow" may start once every 2 s; every other key 10 ms apart.
+    let mut cfg = paced(
+        &broker,
+        dir.path(),
+        Duration::from_millis(10),
+        &[("slow", Duration::from_secs(2))],
+    );
+    cfg.worker.concurrency = 2;
+    // The slow host's jobs wait here, in memory, for their turns.
+    cfg.worker.pacing_horizon = Duration::from_secs(10);
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let mut jobs = Vec::new();
+    for i in 0..4 {
+        jobs.push(Job::new(&work, format!("slow/{i}"), b"s".to_vec()).limit_key("slow"));
+    }
+    for i in 0..40 {
+        jobs.push(Job::new(&work, format!("fast-{i}"), b"f".to_vec()));
+    }
+    for j in jobs {
+        producer.enqueue(j).await.unwrap();
+    }
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            record(&s, &job);
+            Outcome::done()
+        }
+    });
+    wait_for("every job to start", T, || {
+        (starts.lock().unwrap().len() >= 44).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let slow = &by_limit(&s)["slow"];
+    let fast_done = s
+        .iter()
+        .filter(|x| x.limit != "slow")
+        .map(|x| x.at)
+        .max()
+        .unwrap();
+    println!(
+        "slow host's starts at {:?} after the first; the 40 other keys all started within {:?}",
+        slow.iter().map(|t| *t - slow[0]).collect::<Vec<_>>(),
+        fast_done - slow[0]
+    );
+    for w in slow.windows(2) {
+        assert!(w[1] - w[0] + TOLERANCE >= Duration::from_secs(2));
+    }
+    // Concurrency 2, yet the waiting slow jobs held no slot: the 40 other
+    // keys were done before the slow host's second turn.
+    assert!(fast_done < slow[1], "other keys waited for the slow host");
+}
