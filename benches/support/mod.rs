@@ -1,5 +1,5 @@
-//! Shared by the scheduler benches: a deterministic job generator, the
-//! process's memory from `/proc/self/status`, and a throwaway `redis-server`
+//! Shared by the scheduler benches: a deterministic job generator, a
+//! process's memory from `/proc/PID/status`, and a throwaway `redis-server`
 //! spoken to in raw RESP (no client crate needed). Every bench that includes
 //! it runs on the `kairos` binary's allocator (mimalloc, also serving
 //! librdkafka's mallocs), so that what runs in-process runs as it does there.
@@ -153,7 +153,16 @@ pub struct Mem {
 }
 
 pub fn mem() -> Mem {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    mem_from("/proc/self/status")
+}
+
+/// Another process's memory, from `/proc/PID/status` (all zero once it is gone).
+pub fn mem_of(pid: u32) -> Mem {
+    mem_from(&format!("/proc/{pid}/status"))
+}
+
+fn mem_from(path: &str) -> Mem {
+    let status = std::fs::read_to_string(path).unwrap_or_default();
     let mut m = Mem::default();
     for line in status.lines() {
         let Some((name, rest)) = line.split_once(':') else {
