@@ -39,7 +39,7 @@ pub struct HeldKey {
     pub cause: Option<Cause>,
     /// When its next run is due, ms since the epoch.
     pub due_ms: Option<i64>,
-    /// Jobs parked behind it so far (the last park sequence).
+    /// Jobs parked behind it and not yet run.
     pub parked: u32,
     /// How long the key has been held, ms.
     pub age_ms: i64,
@@ -105,7 +105,7 @@ pub fn blocked(cfg: &Config, topic: Option<&str>) -> Result<Vec<HeldKey>, KeysEr
                 attempt: b.map(|b| b.attempt),
                 cause: b.map(|b| b.cause),
                 due_ms: b.map(|b| b.due_ms),
-                parked: hold.tail,
+                parked: hold.parked(),
                 age_ms: now - hold.since_ms,
                 released: hold.released.map(|id| id.to_string()),
             })

@@ -108,10 +108,7 @@ async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_m
     assert_eq!(held[0]["key"], "K");
     assert_eq!(held[0]["attempt"], 3);
     assert_eq!(held[0]["cause"], "failed");
-    assert_eq!(
-        held[0]["parked"], 6,
-        "jobs 3, 4, 5 parked behind it after each failure"
-    );
+    assert_eq!(held[0]["parked"], 3, "jobs 3, 4, 5 parked behind it");
     wait_for("K's jobs to run", T, || {
         (starts.lock().unwrap().iter().filter(|x| x.key == "K").count() >= 7).then_some(())
     });

@@ -170,3 +170,51 @@ fn fair_topics_must_be_work_topics_with_positive_weights() {
     assert_eq!(c.fair.weights.get("acme"), Some(&3.0));
     assert!(c.fair.is_fair("kairos.jobs"));
 }
+
+#[test]
+fn hold_key_and_pacing_name_worker_topics_and_sane_limits() {
+    let key_of = |c: &Config| match c.validate() {
+        Err(ConfigError::Invalid { key, .. }) => Some(key),
+        _ => None,
+    };
+    let c: Config = toml::from_str(
+        "[worker]\ntopics = [\"crawl\", \"mail\"]\non_failure_by_topic = { mail = \"hold_key\" }\n\
+         [worker.pacing.crawl]\nmin_spacing = \"100ms\"\nrate = 10\nburst = 5\n\
+         [worker.pacing.crawl.keys.\"slow.example.com\"]\nmin_spacing = \"2s\"\n",
+    )
+    .unwrap();
+    assert_eq!(key_of(&c), None);
+    assert_eq!(c.worker.on_failure("mail"), crate::config::OnFailure::HoldKey);
+    assert_eq!(c.worker.on_failure("crawl"), crate::config::OnFailure::Overtake);
+    assert!(c.worker.holds_keys("crawl") && c.worker.holds_keys("mail"));
+    let crawl = &c.worker.pacing["crawl"];
+    assert_eq!(
+        crawl.limit_of(b"slow.example.com").min_spacing,
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(crawl.limit_of(b"other").rate, Some(10.0));
+    let mut bad = c.clone();
+    bad.worker.pacing.insert("nope".into(), Default::default());
+    assert_eq!(key_of(&bad), Some("worker.pacing"));
+    let mut bad = c.clone();
+    bad.worker
+        .on_failure_by_topic
+        .insert("nope".into(), crate::config::OnFailure::HoldKey);
+    assert_eq!(key_of(&bad), Some("worker.on_failure_by_topic"));
+    let mut bad = c.clone();
+    bad.worker.pacing.get_mut("crawl").unwrap().rate = Some(0.0);
+    assert_eq!(key_of(&bad), Some("worker.pacing"));
+    let mut bad = c.clone();
+    bad.worker.pacing.get_mut("crawl").unwrap().keys.insert(
+        "k".into(),
+        crate::config::Limit {
+            burst: Some(3),
+            ..Default::default()
+        },
+    );
+    assert_eq!(key_of(&bad), Some("worker.pacing"), "a burst needs a rate");
+    let mut bad = c;
+    bad.worker.pacing_horizon = Duration::ZERO;
+    assert_eq!(key_of(&bad), Some("worker.pacing_horizon"));
+    assert!(toml::from_str::<Config>("[worker]\non_failure = \"hold\"\n").is_err());
+}

@@ -4,14 +4,21 @@
 //! `hold_key` topic, or had to wait for its pacing turn longer than the
 //! worker keeps jobs in memory. That job is the key's *blocker*; its next
 //! run goes through the scheduler as usual. The key's later jobs are
-//! *parked*: written to the scheduler, in order, due no earlier than the
-//! blocker, marked with a park sequence (`kairos-parked`), so that their
-//! offsets are committed and the partition's other keys move on. When the
-//! blocker's next run comes back it starts first; parked jobs that come back
-//! behind it queue behind it; once it has succeeded or been dead-lettered
-//! they run, in order; once the last one parked has run, the key is let go.
-//! A later job that arrives while parked jobs are still out is parked
-//! behind them.
+//! *parked*: written to the scheduler (due no earlier than the blocker's
+//! next run) and marked with a park sequence (`kairos-parked`) that numbers
+//! them in the key's order, so that their offsets are committed and the
+//! partition's other keys move on. A job read while the key is held is
+//! parked with the next number.
+//!
+//! The sequence, not the scheduler, decides the order they run in: a parked
+//! job that comes back runs only once every job parked before it has been
+//! let into the lock table (`admitted`), and never before the blocker's next
+//! run is back; one back too soon goes out again, keeping its number.
+//! Jobs buffered behind the blocker when it fails go out again too, keeping
+//! theirs. Once the blocker has succeeded (or was dead-lettered or released)
+//! and every parked job has run (`done` reached the last number given), the
+//! key is let go. A parked job back again after it ran (a duplicate) runs as
+//! any duplicate does.
 //!
 //! The state of every held key is written to the held topic (compacted,
 //! keyed by topic and key, partition = work partition) before the offset
@@ -31,10 +38,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::hash::HashMap;
 use crate::job::{Job, JobId};
-
-/// A parked job that comes back before the job holding its key (its run was
-/// moved later, or it never came back) is parked again this much later.
-pub(crate) const REPARK_AFTER_MS: i64 = 1_000;
 
 /// Why a key is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +60,9 @@ pub struct Blocker {
     pub due_ms: i64,
     /// Why it holds the key.
     pub cause: Cause,
+    /// Its park sequence, when it was a parked job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u32>,
     /// Its next run has been read (it is buffered or running here): jobs
     /// parked behind it queue behind it instead of being parked again. Not
     /// kept in the held topic: after a restart it is read again.
@@ -70,9 +76,35 @@ pub struct Hold {
     /// The job holding the key; `None` once it succeeded, was
     /// dead-lettered or released, while parked jobs are still out.
     pub blocker: Option<Blocker>,
-    /// Park sequence of the last job parked (0: none yet).
-    pub tail: u32,
-    /// Latest run-at given to a parked job, ms: later ones go no earlier.
+    /// The last park sequence given.
+    pub last_seq: u32,
+    /// Every parked job up to this sequence has run.
+    pub done_seq: u32,
+    /// Parked jobs let into the lock table, in order, up to this sequence
+    /// (at least `done_seq`; not kept: after a restart, `done_seq`).
+    #[serde(skip)]
+    pub admitted_seq: u32,
+    /// Jobs read while the last parked ones are coming back, waiting in
+    /// memory to run after them (not kept: they are read again).
+    #[serde(skip)]
+    pub waiting: u32,
+    /// Times this key gave up waiting for a missing piece (see
+    /// [`GIVE_UP_MS`]; not kept).
+    #[serde(skip)]
+    pub gave_up: u32,
+    /// Since when jobs have been waiting in memory (not kept).
+    #[serde(skip)]
+    pub wait_since_ms: Option<i64>,
+    /// Since when a parked job came back before a job parked ahead of it
+    /// (which has not come back since), ms (not kept).
+    #[serde(skip)]
+    pub gap_since_ms: Option<i64>,
+    /// The last park sequence handed to Kafka: what the held topic may
+    /// say was given (a park not written when the worker dies is read
+    /// again and parked anew, so its number must not count).
+    #[serde(skip)]
+    pub sent_seq: u32,
+    /// The latest run-at given to a parked job, ms: later ones go no earlier.
     pub tail_at_ms: i64,
     /// When the key was held, ms since the epoch.
     pub since_ms: i64,
@@ -86,11 +118,37 @@ impl Hold {
     /// Whether the key's jobs must wait: a blocker not yet done, or parked
     /// jobs still out.
     pub fn holds(&self) -> bool {
-        self.blocker.is_some() || self.tail > 0
+        self.blocker.is_some() || self.done_seq < self.last_seq
+    }
+
+    /// Parked jobs not yet run.
+    pub fn parked(&self) -> u32 {
+        self.last_seq - self.done_seq.min(self.last_seq)
     }
 
     fn done(&self) -> bool {
-        self.blocker.is_none() && self.tail == 0 && self.released.is_none()
+        !self.holds() && self.released.is_none()
+    }
+
+    /// After a restart: nothing admitted beyond what is done.
+    fn loaded(mut self) -> Self {
+        self.admitted_seq = self.done_seq;
+        self.sent_seq = self.last_seq;
+        self
+    }
+
+    /// The hold as the held topic gets it now: parks not yet handed to
+    /// Kafka do not count.
+    pub fn to_write(&self) -> Hold {
+        Hold {
+            last_seq: self.sent_seq.max(self.done_seq),
+            ..self.clone()
+        }
+    }
+
+    /// A park with sequence `seq` is handed to Kafka.
+    pub fn sent(&mut self, seq: u32) {
+        self.sent_seq = self.sent_seq.max(seq);
     }
 }
 
@@ -108,7 +166,29 @@ pub enum Admit {
     },
     /// Dead-letter it: an operator released the key it held.
     Released,
+    /// Keep it in memory: it runs once the key's parked jobs, coming back
+    /// now, have run (the key is then let go).
+    Wait,
 }
+
+/// A job read while its key's blocker is done, or back, and the key's
+/// parked jobs are due within this, waits in memory for them instead of
+/// being parked behind them (a key with a steady stream of jobs would
+/// otherwise send every one through the scheduler).
+pub(crate) const WAIT_MS: i64 = 2_000;
+
+/// A parked job back before its turn (the blocker's next run not back yet,
+/// or a job parked before it still out) goes out again due this much later
+/// (or with the blocker's next run, if that is later).
+pub(crate) const BACK_TOO_SOON_MS: i64 = 1_000;
+
+/// How long a key waits for a missing piece before it gives up on it and
+/// goes on: a parked job before a returning one that has not come back, or
+/// a blocker whose next run was due this long ago and has not come back
+/// (a park or a retry lost to a crash at the wrong moment, or a retry
+/// cancelled by hand). Order is kept in every other case; giving up trades
+/// it, for that key, for not being held forever (logged).
+pub(crate) const GIVE_UP_MS: i64 = 30_000;
 
 /// How a job of a holdable key settled, as far as its key is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,6 +266,11 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         self.keys.values().map(|h| h.since_ms).min()
     }
 
+    /// The hold of `key` in `partition`, mutable.
+    pub fn get_mut(&mut self, partition: P, key: &[u8]) -> Option<&mut Hold> {
+        self.keys.get_mut(&(partition, Box::from(key)))
+    }
+
     /// The hold of `key` in `partition`, if any.
     pub fn get(&self, partition: P, key: &[u8]) -> Option<&Hold> {
         self.keys.get(&(partition, Box::from(key)))
@@ -195,7 +280,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn load(&mut self, partition: P, key: &[u8], hold: Option<Hold>) {
         match hold {
             Some(h) => {
-                self.keys.insert((partition, Box::from(key)), h);
+                self.keys.insert((partition, Box::from(key)), h.loaded());
             }
             None => {
                 self.keys.remove(&(partition, Box::from(key)));
@@ -216,22 +301,59 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         if h.released == Some(job.id) {
             return Admit::Released;
         }
-        let waiting = match &mut h.blocker {
+        let blocker_out = match &mut h.blocker {
             Some(b) if b.id == job.id => {
                 b.arrived = true;
                 return Admit::Run;
             }
-            Some(b) => !b.arrived,
-            None => false,
+            Some(b) => (!b.arrived).then_some(b.due_ms),
+            None => None,
         };
-        match (job.parked.is_some(), waiting) {
-            // Parked behind a blocker that is back (or done): queue in order.
-            (true, false) => Admit::Run,
-            // Back before its blocker: out again, a little later.
-            (true, true) => park(h, job, now_ms + REPARK_AFTER_MS),
-            (false, _) if h.holds() => park(h, job, i64::MIN),
-            (false, _) => Admit::Run,
+        let Some(seq) = job.parked else {
+            return if !h.holds() {
+                Admit::Run
+            } else if h.waiting > 0 || (blocker_out.is_none() && h.tail_at_ms <= now_ms + WAIT_MS) {
+                h.waiting += 1;
+                h.wait_since_ms.get_or_insert(now_ms);
+                Admit::Wait
+            } else {
+                park_fresh(h, job)
+            };
+        };
+        if seq <= h.admitted_seq {
+            // Let in (or run) already: a duplicate.
+            return Admit::Run;
         }
+        match blocker_out {
+            Some(due) if due >= now_ms - GIVE_UP_MS => {
+                return out_again(h, seq, due.max(now_ms + BACK_TOO_SOON_MS));
+            }
+            Some(_) => {
+                // Its next run seems lost: the key goes on without it.
+                if let Some(b) = h.blocker.take() {
+                    h.gave_up += 1;
+                    if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+                        h.done_seq = s;
+                        h.admitted_seq = h.admitted_seq.max(s);
+                    }
+                }
+            }
+            None => {}
+        }
+        if seq == h.admitted_seq + 1 {
+            h.admitted_seq = seq;
+            h.gap_since_ms = None;
+            return Admit::Run;
+        }
+        // A job parked before it is still out.
+        let since = *h.gap_since_ms.get_or_insert(now_ms);
+        if now_ms - since >= GIVE_UP_MS {
+            h.gave_up += 1;
+            h.gap_since_ms = None;
+            h.admitted_seq = seq;
+            return Admit::Run;
+        }
+        out_again(h, seq, now_ms + BACK_TOO_SOON_MS)
     }
 
     /// Whether `key`'s buffered jobs must leave the lock table: its blocker
@@ -242,11 +364,81 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             .is_some_and(|b| !b.arrived)
     }
 
-    /// Park `job`, buffered behind a key that became held: its sequence and
-    /// run-at (`None` when the key is not held).
+    /// Park `job`, buffered behind its key's blocker when that failed (in
+    /// the lock table's order), keeping its park sequence if it has one:
+    /// its sequence and run-at (`None` when the key is not held). The
+    /// blocker's own next run, already read (a retry due at once goes
+    /// straight to the work topic), stays: `Run`.
     pub fn park_buffered(&mut self, partition: P, job: &Job) -> Option<Admit> {
         let h = self.keys.get_mut(&(partition, Box::from(job.key.as_slice())))?;
-        Some(park(h, job, i64::MIN))
+        let due = match &mut h.blocker {
+            Some(b) if b.id == job.id => {
+                b.arrived = true;
+                return Some(Admit::Run);
+            }
+            Some(b) => b.due_ms,
+            None => h.tail_at_ms,
+        };
+        Some(match job.parked {
+            Some(seq) => out_again(h, seq, due),
+            None => {
+                let at = job.run_at.timestamp_millis().max(due);
+                park_new(h, at)
+            }
+        })
+    }
+
+    /// Park the jobs that waited in memory for `key`'s parked jobs (its
+    /// blocker failed again, or too many wait), in their order, with new
+    /// sequences.
+    pub fn park_waiting(&mut self, partition: P, jobs: &[&Job]) -> Vec<Admit> {
+        let Some(h) = self
+            .keys
+            .get_mut(&(partition, Box::from(jobs.first().map_or(&[][..], |j| &j.key[..]))))
+        else {
+            return Vec::new();
+        };
+        h.waiting = 0;
+        h.wait_since_ms = None;
+        jobs.iter().map(|j| park_fresh(h, j)).collect()
+    }
+
+    /// Keys whose jobs have waited in memory for [`GIVE_UP_MS`] (a parked
+    /// job of theirs did not come back): each gives up on what is missing
+    /// and goes on. Returns each such key with its change (`Let`: its
+    /// waiting jobs run now).
+    pub fn give_up_waiting(&mut self, now_ms: i64) -> Vec<(P, Box<[u8]>, Change)> {
+        let overdue: Vec<(P, Box<[u8]>)> = self
+            .keys
+            .iter()
+            .filter(|(_, h)| h.wait_since_ms.is_some_and(|t| now_ms - t >= GIVE_UP_MS))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for k in overdue {
+            let Some(h) = self.keys.get_mut(&k) else { continue };
+            h.gave_up += 1;
+            h.wait_since_ms = None;
+            h.waiting = 0;
+            if h.blocker.as_ref().is_some_and(|b| b.arrived) {
+                // Its blocker is back and runs: only the parked jobs are given up.
+                h.done_seq = h.last_seq;
+                h.admitted_seq = h.last_seq;
+                out.push((k.0, k.1.clone(), Change::Put(h.clone())));
+                continue;
+            }
+            h.blocker = None;
+            h.done_seq = h.last_seq;
+            h.admitted_seq = h.last_seq;
+            let change = if h.released.is_none() {
+                self.keys.remove(&k);
+                Change::Let
+            } else {
+                Change::Put(h.clone())
+            };
+            out.push((k.0, k.1, change));
+        }
+        out
     }
 
     /// `job`'s run is over and its outcome written: what changes for its key.
@@ -264,7 +456,14 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     Entry::Vacant(_) if len >= self.max => return HoldUpdate::Overflow,
                     Entry::Vacant(v) => v.insert(Hold {
                         blocker: None,
-                        tail: 0,
+                        last_seq: 0,
+                        done_seq: 0,
+                        admitted_seq: 0,
+                        waiting: 0,
+                        sent_seq: 0,
+                        gap_since_ms: None,
+                        wait_since_ms: None,
+                        gave_up: 0,
                         tail_at_ms: i64::MIN,
                         since_ms: now_ms,
                         released: None,
@@ -274,11 +473,18 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     // Released while it ran: its next run is dead-lettered.
                     return HoldUpdate::Unchanged;
                 }
+                // A parked job failing keeps its place: the jobs after it
+                // are let in again only behind its next run.
+                let seq = job
+                    .parked
+                    .or_else(|| h.blocker.as_ref().filter(|b| b.id == job.id).and_then(|b| b.seq));
+                h.admitted_seq = seq.unwrap_or(h.done_seq).max(h.done_seq);
                 h.blocker = Some(Blocker {
                     id: job.id,
                     attempt,
                     due_ms,
                     cause,
+                    seq,
                     arrived: false,
                 });
                 HoldUpdate::Write(Change::Put(h.clone()))
@@ -293,13 +499,14 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     h.released = None;
                     changed = true;
                 }
-                if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
-                    h.blocker = None;
+                let mut seq = job.parked;
+                if let Some(b) = h.blocker.take_if(|b| b.id == job.id) {
+                    seq = seq.or(b.seq);
                     changed = true;
                 }
-                if h.blocker.is_none() && h.tail > 0 && job.parked.is_some_and(|s| s >= h.tail) {
-                    // The last job parked has run.
-                    h.tail = 0;
+                if let Some(s) = seq.filter(|s| *s > h.done_seq && *s <= h.admitted_seq) {
+                    // Jobs run in their order: every one before it has run.
+                    h.done_seq = s;
                     changed = true;
                 }
                 if h.done() {
@@ -319,28 +526,42 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// back. `None` when `id` does not hold `key` here.
     pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<Change> {
         let h = self.keys.get_mut(&(partition, Box::from(key)))?;
-        if h.blocker.as_ref().is_none_or(|b| b.id != id) {
-            return None;
+        let b = h.blocker.take_if(|b| b.id == id)?;
+        if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+            // Its place counts as done: the jobs after it run.
+            h.done_seq = s;
+            h.admitted_seq = h.admitted_seq.max(s);
         }
-        h.blocker = None;
         h.released = Some(id);
         Some(Change::Put(h.clone()))
     }
 }
 
-/// Give `job` the next park sequence of `h`, due no earlier than the job's
-/// own run-at, `not_before`, the blocker's next run and the last park.
-fn park(h: &mut Hold, job: &Job, not_before: i64) -> Admit {
-    let due = h.blocker.as_ref().map_or(i64::MIN, |b| b.due_ms);
-    let at_ms = job
-        .run_at
-        .timestamp_millis()
-        .max(not_before)
-        .max(due)
-        .max(h.tail_at_ms);
-    h.tail = h.tail.saturating_add(1);
-    h.tail_at_ms = at_ms;
-    Admit::Park { seq: h.tail, at_ms }
+/// Park a job read while its key is held, with the next sequence: behind
+/// the blocker's next run (a millisecond after it) and the last job parked.
+fn park_fresh(h: &mut Hold, job: &Job) -> Admit {
+    let after_blocker = h
+        .blocker
+        .as_ref()
+        .map_or(i64::MIN, |b| b.due_ms.saturating_add(1));
+    let at = job.run_at.timestamp_millis().max(after_blocker).max(h.tail_at_ms);
+    park_new(h, at)
+}
+
+/// The next park sequence, due at `at_ms`.
+fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
+    h.last_seq = h.last_seq.saturating_add(1);
+    h.tail_at_ms = h.tail_at_ms.max(at_ms);
+    Admit::Park {
+        seq: h.last_seq,
+        at_ms,
+    }
+}
+
+/// A parked job out again, keeping its sequence, due at `at_ms`.
+fn out_again(h: &mut Hold, seq: u32, at_ms: i64) -> Admit {
+    h.tail_at_ms = h.tail_at_ms.max(at_ms);
+    Admit::Park { seq, at_ms }
 }
 
 #[cfg(test)]

@@ -132,6 +132,10 @@ struct State {
     /// Jobs started that take no concurrency slot (settled without their
     /// handler: a deferral, a released job's dead letter).
     no_slot: usize,
+    /// Per held key, jobs read while its parked jobs come back, waiting in
+    /// memory to run after them (not counted as buffered: what they wait
+    /// for is further on in the partition).
+    waiting: HashMap<(Tp, Vec<u8>), Vec<Entry>>,
 }
 
 impl State {

@@ -56,9 +56,17 @@ mod tests {
                 attempt: 3,
                 due_ms: 1_700_000_000_000,
                 cause: Cause::Failed,
+                seq: Some(2),
                 arrived: true,
             }),
-            tail: 2,
+            last_seq: 4,
+            done_seq: 1,
+            admitted_seq: 3,
+            waiting: 0,
+            sent_seq: 0,
+            gap_since_ms: None,
+            wait_since_ms: None,
+            gave_up: 0,
             tail_at_ms: 5,
             since_ms: 1,
             released: None,
@@ -66,6 +74,7 @@ mod tests {
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
         assert!(!back.blocker.as_ref().unwrap().arrived, "not kept");
+        assert_eq!((back.admitted_seq, back.done_seq, back.last_seq), (0, 1, 4));
         assert_eq!(back.blocker.unwrap().id, hold.blocker.unwrap().id);
         assert_eq!(decode(None).unwrap(), None);
         let tomb = record("kairos.held", "crawl", b"k", &Change::Let);

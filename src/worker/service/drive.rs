@@ -149,9 +149,11 @@ pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<
                 finish_in(&mut st, f.tp, f.offset, Some(f.generation));
             }
         }
+        // Handed to the keeper under the lock that gave them their park
+        // sequence, so that the keeper writes them in that order.
+        shared.keeper.park(std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
-    shared.keeper.park(parks);
     shared.notify_finished();
     starts
 }

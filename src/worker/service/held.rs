@@ -80,7 +80,14 @@ pub(super) fn admit(
     if !shared.holding[e.tp.0] {
         return Some(e);
     }
-    match st.holds.admit(e.tp, &e.job, now_ms) {
+    let gave_up = |st: &State| st.holds.get(e.tp, &e.job.key).map_or(0, |h| h.gave_up);
+    let before = gave_up(st);
+    let admit = st.holds.admit(e.tp, &e.job, now_ms);
+    if gave_up(st) > before {
+        warn!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
+            "held key gave up waiting for a job that did not come back in 30 s; its order may not hold");
+    }
+    match admit {
         Admit::Run => Some(e),
         Admit::Released => Some(Entry {
             instead: Some(crate::worker::Outcome::dead(
@@ -91,6 +98,27 @@ pub(super) fn admit(
         Admit::Park { seq, at_ms } => {
             parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
             None
+        }
+        Admit::Wait => {
+            let key = (e.tp, e.job.key.clone());
+            st.waiting.entry(key.clone()).or_default().push(e);
+            if st.waiting.values().map(Vec::len).sum::<usize>() > shared.cfg.worker.max_buffered {
+                // Too many wait: this key's go out behind its parked jobs.
+                let entries = st.waiting.remove(&key).unwrap_or_default();
+                park_all(st, key.0, entries, parks);
+            }
+            None
+        }
+    }
+}
+
+/// Park jobs that waited in memory behind `tp`'s held key, in their order.
+fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJob>) {
+    let jobs: Vec<&Job> = entries.iter().map(|e| &e.job).collect();
+    let admits = st.holds.park_waiting(tp, &jobs);
+    for (e, a) in entries.into_iter().zip(admits) {
+        if let Admit::Park { seq, at_ms } = a {
+            parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
         }
     }
 }
@@ -118,8 +146,10 @@ pub(super) fn park_buffered(st: &mut State, tp: Tp, key: &[u8], parks: &mut Vec<
         return;
     }
     for e in st.table.take_buffered(key) {
-        if let Some(Admit::Park { seq, at_ms }) = st.holds.park_buffered(tp, &e.job) {
-            parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
+        match st.holds.park_buffered(tp, &e.job) {
+            Some(Admit::Park { seq, at_ms }) => parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms)),
+            // Its blocker's next run, back already: it runs next.
+            _ => st.table.push(e),
         }
     }
 }
@@ -148,7 +178,30 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
         _ => Settlement::Finished,
     };
     let now_ms = shared.clock.now().timestamp_millis();
-    let update = shared.state().holds.settled(tp, job, how, now_ms);
+    let update = {
+        let mut st = shared.state();
+        let update = st.holds.settled(tp, job, how, now_ms);
+        // The key's jobs buffered behind this one, then those waiting in
+        // memory, are parked now, in the same lock: ahead of any job of the
+        // key read from here on. A key let go runs the jobs that waited.
+        let mut parks = Vec::new();
+        park_buffered(&mut st, tp, &job.key, &mut parks);
+        let waiting = st.waiting.remove(&(tp, job.key.clone())).unwrap_or_default();
+        match &update {
+            HoldUpdate::Write(crate::worker::hold::Change::Let) => {
+                for e in waiting {
+                    st.table.push(e);
+                }
+            }
+            _ if st.holds.parks_buffered(tp, &job.key) => park_all(&mut st, tp, waiting, &mut parks),
+            _ if !waiting.is_empty() => {
+                st.waiting.insert((tp, job.key.clone()), waiting);
+            }
+            _ => {}
+        }
+        shared.keeper.park(parks);
+        update
+    };
     match update {
         HoldUpdate::Unchanged => true,
         HoldUpdate::Overflow => {
@@ -211,4 +264,33 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
             }
         },
     );
+}
+
+/// Keys whose jobs waited in memory too long for a parked job that did not
+/// come back give up on it: their waiting jobs run (called by the poll
+/// thread about once a second).
+pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
+    let now_ms = shared.clock.now().timestamp_millis();
+    let starts = {
+        let mut st = shared.state();
+        if st.waiting.is_empty() {
+            return;
+        }
+        for (tp, key, _) in st.holds.give_up_waiting(now_ms) {
+            let entries = st.waiting.remove(&(tp, key.to_vec())).unwrap_or_default();
+            warn!(key = %String::from_utf8_lossy(&key), partition = tp.1, waiting = entries.len(),
+                "held key gave up waiting for parked jobs that did not come back; its order may not hold");
+            for e in entries {
+                st.table.push(e);
+            }
+            if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
+                let s = shared.clone();
+                shared.runtime.spawn(async move {
+                    s.keeper.write(tp, key.to_vec(), generation).await;
+                });
+            }
+        }
+        super::drive::start_ready(shared, &mut st)
+    };
+    shared.dispatch(starts);
 }

@@ -65,7 +65,9 @@ impl Keeper {
         self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// Park `jobs` (their partitions' in-flight counts already include them).
+    /// Park `jobs` (their partitions' in-flight counts already include
+    /// them). Called under the state lock that gave them their park
+    /// sequence: the keeper writes requests in the order it gets them.
     pub(super) fn park(&self, jobs: Vec<ParkedJob>) {
         if !jobs.is_empty() {
             // The keeper ends only with the worker: then nothing is
@@ -131,7 +133,8 @@ async fn write_round(shared: &Shared, round: &[Request]) -> bool {
 /// key, as every schedule-topic write), then each touched key's hold once,
 /// as it is now (held-topic partition = work partition).
 fn records_of(shared: &Shared, round: &[Request]) -> Vec<(OwnedRecord, Option<i32>)> {
-    let st = shared.state();
+    let mut st = shared.state();
+    let st = &mut *st;
     let owned = |tp: &Tp, generation: u64| st.owned.get(tp).is_some_and(|o| o.generation == generation);
     let mut out = Vec::new();
     let mut keys: Vec<(Tp, &[u8])> = Vec::new();
@@ -141,6 +144,9 @@ fn records_of(shared: &Shared, round: &[Request]) -> Vec<(OwnedRecord, Option<i3
             Request::Park(jobs) => {
                 for p in jobs.iter().filter(|p| owned(&p.tp, p.generation)) {
                     out.push((wire::encode(&p.job, &shared.cfg.topics.schedule), None));
+                    if let (Some(h), Some(seq)) = (st.holds.get_mut(p.tp, &p.job.key), p.job.parked) {
+                        h.sent(seq);
+                    }
                     if seen.insert((p.tp, &p.job.key)) {
                         keys.push((p.tp, &p.job.key));
                     }
@@ -157,7 +163,7 @@ fn records_of(shared: &Shared, round: &[Request]) -> Vec<(OwnedRecord, Option<i3
     }
     for (tp, key) in keys {
         let change = match st.holds.get(tp, key) {
-            Some(h) => Change::Put(h.clone()),
+            Some(h) => Change::Put(h.to_write()),
             None => Change::Let,
         };
         let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, &change);

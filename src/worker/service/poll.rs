@@ -127,6 +127,7 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
         st.owned.remove(tp);
         st.to_store.remove(tp);
         st.holds.drop_partition(*tp);
+        st.waiting.retain(|(p, _), _| p != tp);
     }
     drop(st);
     if tpl.count() > 0 {
@@ -155,8 +156,13 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     consumer.subscribe(&topics)?;
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
     let mut commits = Commits::default();
+    let mut swept = Instant::now();
     while !shared.stop.is_cancelled() {
         store_offsets(shared, &consumer, &mut commits);
+        if swept.elapsed() >= Duration::from_secs(1) {
+            swept = Instant::now();
+            held::give_up_waiting(shared);
+        }
         // Back-pressure: with the buffer full, stop reading until it has
         // drained to three quarters (reading again after every finished job
         // would wake this thread once per job). Pausing the partitions
@@ -312,9 +318,11 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             }
             st.table.push(e);
         }
+        // Handed to the keeper under the lock that gave them their park
+        // sequence, so that the keeper writes them in that order.
+        shared.keeper.park(std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
-    shared.keeper.park(parks);
     for e in early {
         hand_to_scheduler(shared, e.job, e.tp, e.offset);
     }
