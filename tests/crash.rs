@@ -10,11 +10,18 @@
 //! overlapping must be zero; duplicates are counted (the README says where
 //! they come from).
 //!
+//! The suite runs three times: on a plain work topic; on a fair topic
+//! (`[fair]`) where every job goes through the scheduler and one tenant
+//! owns half the jobs; and with `on_failure = "hold_key"`, more jobs
+//! failing (once or twice), where it counts the starts of a job before
+//! every job of its key written before it had succeeded (reported: not yet
+//! zero under faults, see RELIABILITY.md).
+//!
 //! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
 //! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
 //! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
 //!
-//! A second test kills one scheduler again and again with the shipped
+//! Another test kills one scheduler again and again with the shipped
 //! configuration and checks that jobs keep firing on time. The processes'
 //! logs are kept (their directory is printed) when a test fails;
 //! `KAIROS_CRASH_LOG` sets their filter (default `info`; e.g.
@@ -258,6 +265,60 @@ fn report_stall(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
+    crash_suite(Mode::Plain).await;
+}
+
+/// The same faults on a fair topic (`[fair]`), with one tenant flooding:
+/// half the keys belong to tenant `flood`, the others to ten small tenants.
+/// Every job of a fair topic goes through the scheduler, so its SIGKILLs
+/// and the partitions moving between its two instances hit every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_topic_jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
+    crash_suite(Mode::Fair).await;
+}
+
+/// The same faults with `on_failure = "hold_key"`: a failing job holds its
+/// key while its later jobs are parked through the scheduler, across the
+/// workers' SIGKILLs, restarts and rebalances and the scheduler's SIGKILLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_keys_keep_their_order_through_killed_schedulers_workers_and_a_restarted_broker() {
+    crash_suite(Mode::HoldKey).await;
+}
+
+/// Which work topic the crash suite runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A plain work topic: due jobs go straight to it.
+    Plain,
+    /// A fair topic, its jobs of eleven tenants.
+    Fair,
+    /// A plain topic whose failing jobs hold their keys.
+    HoldKey,
+}
+
+impl Mode {
+    /// The tenant of key `k` of `keys` (`None` on a plain topic).
+    fn tenant(self, k: usize, keys: usize) -> Option<String> {
+        match self {
+            Mode::Plain | Mode::HoldKey => None,
+            Mode::Fair if k < keys / 2 => Some("flood".into()),
+            Mode::Fair => Some(format!("small{}", k % 10)),
+        }
+    }
+
+    /// How often job `seq` of key `k` fails before it succeeds: one in
+    /// twenty once; with held keys, one in ten, half of them twice.
+    fn fails(self, k: usize, seq: usize) -> u32 {
+        let n = k * 7 + seq;
+        match self {
+            Mode::HoldKey if n.is_multiple_of(20) => 2,
+            Mode::HoldKey => u32::from(n.is_multiple_of(10)),
+            _ => u32::from(n.is_multiple_of(20)),
+        }
+    }
+}
+
+async fn crash_suite(mode: Mode) {
     let _one = ONE_AT_A_TIME.lock().await;
     let soak = std::env::var("KAIROS_SOAK").is_ok_and(|v| v == "1");
     let cycles: usize = std::env::var("KAIROS_CRASH_CYCLES")
@@ -270,7 +331,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| now_nanos() as u64);
     eprintln!(
-        "crash suite: seed {seed}, {cycles} cycles, {} jobs",
+        "crash suite ({mode:?} topic): seed {seed}, {cycles} cycles, {} jobs",
         keys * per_key
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -285,6 +346,11 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     cfg.topics.schedule_partitions = 6;
     cfg.worker.backoff_base = Duration::from_millis(200);
     cfg.worker.revocation_deadline = Duration::from_secs(10);
+    match mode {
+        Mode::Fair => cfg.fair.topics = cfg.topics.work.clone(),
+        Mode::HoldKey => cfg.worker.on_failure = kairos::config::OnFailure::HoldKey,
+        Mode::Plain => {}
+    }
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("kairos.toml");
     std::fs::write(&config_path, toml::to_string(&cfg).unwrap()).unwrap();
@@ -334,12 +400,13 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
                 } else {
                     500 + (seq as i64 * 300) % 12_000
                 };
-                let fail = u32::from((k * 7 + seq) % 20 == 0);
-                let job = Job::new(
+                let fail = mode.fails(k, seq);
+                let mut job = Job::new(
                     &work,
                     format!("key-{k}"),
                     format!("seq={seq} work=2 fail={fail}").into_bytes(),
                 );
+                job.tenant = mode.tenant(k, keys);
                 (job, delay)
             })
             .collect();
@@ -436,6 +503,7 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     let records = read_up_to(&brokers, &work, n, Duration::from_secs(60));
     assert_eq!(records.len(), n);
     let mut early_fires = 0;
+    let mut parked_copies = 0;
     let mut work_copies: HashMap<JobId, usize> = HashMap::new();
     let mut first_write: HashMap<String, Vec<JobId>> = HashMap::new();
     let mut by_partition: Vec<_> = records.iter().collect();
@@ -447,6 +515,11 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
         };
         if m.timestamp().to_millis().unwrap() < job.run_at.timestamp_millis() {
             early_fires += 1;
+        }
+        if job.parked.is_some() {
+            // A job parked behind its held key, back from the scheduler.
+            parked_copies += 1;
+            continue;
         }
         let c = work_copies.entry(job.id).or_insert(0);
         *c += 1;
@@ -485,13 +558,44 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
             .collect();
         out_of_order += times.windows(2).filter(|w| w[1] < w[0]).count();
     }
+    // With held keys, across retries too: no run of a job starts before
+    // every job of its key written to the work topic before it succeeded.
+    let mut held_order_broken = 0;
+    if mode == Mode::HoldKey {
+        let mut position: HashMap<JobId, (&str, usize)> = HashMap::new();
+        for (key, ids) in &first_write {
+            for (i, id) in ids.iter().enumerate() {
+                position.insert(*id, (key.as_str(), i));
+            }
+        }
+        for e in events_now.iter().filter(|e| e.start) {
+            let Some((key, i)) = position.get(&e.id) else {
+                continue;
+            };
+            let earlier = &first_write[*key][..*i];
+            let before = earlier
+                .iter()
+                .filter(|id| first_success.get(*id).is_none_or(|t| *t > e.nanos))
+                .count();
+            if before > 0 {
+                held_order_broken += 1;
+                if held_order_broken <= 5 {
+                    eprintln!(
+                        "{key}: {} attempt {} started before {before} earlier jobs succeeded",
+                        e.id, e.attempt
+                    );
+                }
+            }
+        }
+    }
     let fire_duplicates: usize = work_copies.values().map(|c| c.saturating_sub(1)).sum::<usize>()
         - fails.values().map(|f| *f as usize).sum::<usize>();
     let runs = events_now.iter().filter(|e| e.start).count();
     let run_duplicates = runs - total - fails.values().map(|f| *f as usize).sum::<usize>();
     eprintln!(
-        "crash suite result: {total} jobs, {} faults; lost {}, early fires {early_fires}, early starts {early_starts}, \
-         out of order {out_of_order}, same-key overlaps {overlaps}, dead letters {dead}; \
+        "crash suite result ({mode:?} topic): {total} jobs, {} faults; lost {}, early fires {early_fires}, early starts {early_starts}, \
+         out of order {out_of_order}, started before an earlier job of the key succeeded {held_order_broken}, \
+         same-key overlaps {overlaps}, dead letters {dead}; parked copies {parked_copies}; \
          duplicates: {fire_duplicates} extra fires (scheduler), {run_duplicates} extra runs (worker re-delivery)",
         log.len(),
         lost.len()
@@ -499,7 +603,18 @@ async fn jobs_survive_killed_schedulers_workers_and_a_restarted_broker() {
     assert!(lost.is_empty(), "lost jobs: {lost:?}");
     assert_eq!(early_fires, 0);
     assert_eq!(early_starts, 0);
-    assert_eq!(out_of_order, 0);
+    if mode == Mode::HoldKey {
+        // Reported, not asserted: a key's order through crashes and
+        // rebalances is not kept yet in this mode (RELIABILITY.md, "Held
+        // keys"); what is asserted here is that nothing is lost, no key
+        // overlaps and no key stays held.
+        eprintln!(
+            "hold-key order under faults (not asserted yet): {held_order_broken} starts before an earlier job \
+             of the key succeeded, {out_of_order} first successes out of order"
+        );
+    } else {
+        assert_eq!(out_of_order, 0);
+    }
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
     drop(broker);
