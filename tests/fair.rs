@@ -1,6 +1,7 @@
 //! Fair dispatch against a real broker (`[fair]`): a flooding tenant does
-//! not hold back the others, weights share the releases, a high-priority job
-//! overtakes a low-priority backlog. Timing-sensitive, so a binary of its
+//! not hold back the others, weights share the releases, a tenant that just
+//! ran a burst yields to a newcomer for a while, a high-priority job
+//! overtakes a low-priority backlog, idle workers run jobs early. Timing-sensitive, so a binary of its
 //! own, its tests one at a time.
 
 #[path = "common/mod.rs"]
@@ -67,12 +68,28 @@ async fn write_tenant(
     keys: usize,
     priority: Priority,
 ) {
+    write_tenant_at(producer, topic, tenant, n, keys, priority, None).await
+}
+
+/// [`write_tenant`], the jobs due at `at` (`None`: now).
+async fn write_tenant_at(
+    producer: &Producer,
+    topic: &str,
+    tenant: &str,
+    n: usize,
+    keys: usize,
+    priority: Priority,
+    at: Option<chrono::DateTime<chrono::Utc>>,
+) {
     let keys = keys.min(n).max(1);
     for round in 0..n.div_ceil(keys) {
         let writes = (0..keys).filter(|k| round * keys + k < n).map(|k| {
-            let job = Job::new(topic, format!("{tenant}-{k}"), round.to_string().into_bytes())
+            let mut job = Job::new(topic, format!("{tenant}-{k}"), round.to_string().into_bytes())
                 .tenant(tenant)
                 .priority(priority);
+            if let Some(at) = at {
+                job = job.at(at);
+            }
             producer.enqueue(job).into_future()
         });
         for r in futures::future::join_all(writes).await {
@@ -271,6 +288,93 @@ async fn two_backlogged_tenants_of_weights_3_and_1_get_3_to_1_of_the_starts() {
     );
 }
 
+/// The newcomer's share of the starts between `from` and `to`, and the
+/// starts counted.
+fn share_of(starts: &[Start], tenant: &str, from: Instant, to: Instant) -> (f64, HashMap<String, usize>) {
+    let counts = starts_between(starts, from, to);
+    let all: usize = counts.values().sum();
+    let ours = counts.get(tenant).copied().unwrap_or(0);
+    (ours as f64 / all.max(1) as f64, counts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_just_ran_a_burst_yields_to_a_newcomer_then_shares_equally_after_the_half_life() {
+    const HALF_LIFE: Duration = Duration::from_secs(2);
+    const BURST: usize = 35_000;
+    const NEWCOMER: usize = 20_000;
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = fair_config(&broker, dir.path());
+    cfg.fair.half_life = HALF_LIFE;
+    kairos::topics::init(&cfg).await.unwrap();
+    let topic = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    write_tenant(&producer, &topic, "burst", BURST, 500, Priority::Normal).await;
+    let (starts, handler) = recording(Duration::from_millis(10));
+    let sys = run(&cfg, true, handler);
+    let first = wait_for("the burst's first start", Duration::from_secs(60), || {
+        starts.lock().unwrap().first().map(|s| s.at)
+    });
+    // The newcomer's jobs all become due once the burst has run alone for
+    // three half-lives.
+    let due_in = HALF_LIFE * 3;
+    let due = chrono::Utc::now() + due_in - first.elapsed();
+    write_tenant_at(
+        &producer,
+        &topic,
+        "newcomer",
+        NEWCOMER,
+        500,
+        Priority::Normal,
+        Some(due),
+    )
+    .await;
+    assert!(
+        chrono::Utc::now() < due,
+        "writing the newcomer's jobs took longer than {due_in:?}: the test cannot show the burst running alone"
+    );
+    let b0 = wait_for("the newcomer's first start", Duration::from_secs(60), || {
+        starts
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.tenant == "newcomer")
+            .map(|s| s.at)
+    });
+    // Jobs of the burst already released (the backlog target) start first.
+    let settle = Duration::from_millis(500);
+    let yields = (b0 + settle, b0 + settle + Duration::from_secs(1));
+    let equal = (b0 + HALF_LIFE * 2, b0 + HALF_LIFE * 2 + Duration::from_secs(3));
+    wait_for("the measuring to end", Duration::from_secs(60), || {
+        (Instant::now() >= equal.1).then_some(())
+    });
+    let s = starts.lock().unwrap().clone();
+    sys.stop().await;
+    let (at_first, first_counts) = share_of(&s, "newcomer", yields.0, yields.1);
+    let (later, later_counts) = share_of(&s, "newcomer", equal.0, equal.1);
+    println!(
+        "newcomer's share of the starts: {:.0} % in its first second ({first_counts:?}), \
+         {:.0} % two half-lives on ({later_counts:?})",
+        at_first * 100.0,
+        later * 100.0
+    );
+    let burst_done = s.iter().filter(|s| s.tenant == "burst").count();
+    let newcomer_done = s.iter().filter(|s| s.tenant == "newcomer").count();
+    assert!(
+        burst_done < BURST && newcomer_done < NEWCOMER,
+        "both must stay backlogged to the end: burst {burst_done}, newcomer {newcomer_done}"
+    );
+    assert!(
+        at_first >= 0.8,
+        "the burst tenant should yield to the newcomer: {at_first:.2}"
+    );
+    assert!(
+        (0.4..=0.6).contains(&later),
+        "an equal share after the half-life: {later:.2}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_priority_job_starts_within_a_second_under_a_low_priority_backlog() {
     let _serial = SERIAL.lock().await;
@@ -401,4 +505,130 @@ async fn idle_workers_run_jobs_early_within_their_allowance_and_busy_ones_do_not
             s.key
         );
     }
+}
+
+/// A scheduler instance of its own, stopped when its token is cancelled.
+fn scheduler(cfg: &Config) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = kairos::scheduler::Scheduler::builder(cfg).build().unwrap();
+    let st = stop.clone();
+    let task = tokio::spawn(async move {
+        s.run_until(async move { st.cancelled().await })
+            .await
+            .expect("scheduler");
+    });
+    (stop, task)
+}
+
+/// Small tenants write a job each, one after another, under way while the
+/// schedule partitions move; returns each job's write time.
+async fn write_round(
+    producer: &Producer,
+    topic: &str,
+    tenants: usize,
+    seq: u64,
+) -> HashMap<(String, u64), Instant> {
+    let mut written = HashMap::new();
+    for t in 0..tenants {
+        let tenant = format!("small{t}");
+        let key = format!("{tenant}-0");
+        let job = Job::new(topic, key.clone(), seq.to_string().into_bytes()).tenant(&tenant);
+        producer.enqueue(job).await.expect("enqueue");
+        written.insert((key, seq), Instant::now());
+    }
+    written
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tenant_is_served_while_schedule_partitions_move_between_two_schedulers() {
+    const FLOOD_JOBS: usize = 40_000;
+    const TENANTS: usize = 5;
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = fair_config(&broker, dir.path());
+    // Partitions move as soon as an instance leaves.
+    cfg.scheduler.static_membership = false;
+    kairos::topics::init(&cfg).await.unwrap();
+    let topic = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let (starts, handler) = recording(Duration::from_millis(5));
+    let workers = run(&cfg, false, handler);
+    let mut cfg_a = cfg.clone();
+    cfg_a.scheduler.data_dir = dir.path().join("scheduler-a");
+    let mut cfg_b = cfg.clone();
+    cfg_b.scheduler.data_dir = dir.path().join("scheduler-b");
+
+    let (stop_a, a) = scheduler(&cfg_a);
+    write_tenant(&producer, &topic, "flood", FLOOD_JOBS, 500, Priority::Normal).await;
+    let mut written = HashMap::new();
+    let mut seq = 0..;
+    let mut events = Vec::new();
+    let started = |more: usize| {
+        let starts = starts.clone();
+        let n = starts.lock().unwrap().len() + more;
+        move || (starts.lock().unwrap().len() >= n).then_some(())
+    };
+    for _ in 0..5 {
+        written.extend(write_round(&producer, &topic, TENANTS, seq.next().unwrap()).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A second instance joins: A's partitions are split between them.
+    let (stop_b, b) = scheduler(&cfg_b);
+    events.push("B joined");
+    wait_for("starts after B joined", Duration::from_secs(60), started(2_000));
+    written.extend(write_round(&producer, &topic, TENANTS, seq.next().unwrap()).await);
+    // A leaves: its partitions move to B.
+    stop_a.cancel();
+    a.await.unwrap();
+    events.push("A left");
+    written.extend(write_round(&producer, &topic, TENANTS, seq.next().unwrap()).await);
+    wait_for("starts after A left", Duration::from_secs(60), started(2_000));
+    // A comes back and B leaves: every partition moves once more.
+    let (stop_a, a) = scheduler(&cfg_a);
+    events.push("A back");
+    written.extend(write_round(&producer, &topic, TENANTS, seq.next().unwrap()).await);
+    wait_for(
+        "starts after A came back",
+        Duration::from_secs(60),
+        started(2_000),
+    );
+    stop_b.cancel();
+    b.await.unwrap();
+    events.push("B left");
+    for _ in 0..5 {
+        written.extend(write_round(&producer, &topic, TENANTS, seq.next().unwrap()).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total = FLOOD_JOBS + written.len();
+    wait_for(
+        "every job to start",
+        Duration::from_secs(240),
+        started(total - starts.lock().unwrap().len()),
+    );
+    stop_a.cancel();
+    a.await.unwrap();
+    workers.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let wait = longest_wait(&s, &written);
+    let flood_left_at_end = FLOOD_JOBS.saturating_sub(
+        s.iter()
+            .filter(|x| x.tenant == "flood" && Some(x.at) <= written.values().max().copied())
+            .count(),
+    );
+    println!(
+        "{} small-tenant jobs written while partitions moved ({:?}): longest wait {wait:?}; \
+         {flood_left_at_end} flood jobs still waiting when the last was written",
+        written.len(),
+        events
+    );
+    assert_all_started_in_key_order(&s, &[("flood", FLOOD_JOBS)]);
+    for t in 0..TENANTS {
+        assert_all_started_in_key_order(&s, &[(&format!("small{t}"), written.len() / TENANTS)]);
+    }
+    assert!(
+        flood_left_at_end > 0,
+        "the flood ran out before the small tenants were done: the test measured nothing"
+    );
+    assert!(wait <= Duration::from_secs(10), "a small tenant waited {wait:?}");
 }
