@@ -90,6 +90,9 @@ pub struct TimerWheel {
     direct_ids: HashMap<(i32, JobId), DueKey>,
     /// Jobs taken for firing and not yet finished.
     firing: HashSet<(i32, JobId)>,
+    /// The same, of fair topics, by where they are stored (the fair window
+    /// must not mistake a job put again under a firing id for the one firing).
+    fair_firing: HashSet<DueKey>,
     /// Jobs ingest batches are changing, with how many batches: not taken
     /// until every one of them is applied.
     changing: HashMap<(i32, JobId), u32>,
@@ -125,6 +128,7 @@ impl TimerWheel {
             persisting: HashSet::default(),
             direct_ids: HashMap::default(),
             firing: HashSet::default(),
+            fair_firing: HashSet::default(),
             changing: HashMap::default(),
             refilling: None,
             next_ticket: 0,
@@ -246,6 +250,9 @@ impl TimerWheel {
     pub fn fired(&mut self, jobs: &[(DueKey, StoredJob)]) {
         for (k, j) in jobs {
             self.firing.remove(&(k.partition, j.job.id));
+            if !self.fair_firing.is_empty() {
+                self.fair_firing.remove(k);
+            }
         }
     }
 
@@ -314,7 +321,7 @@ impl TimerWheel {
                     }
                 }
                 Applied::Added(k, job) => match &mut self.fair {
-                    Some(f) if f.is_fair(&job.job.topic) => f.added(*k, job, &self.firing),
+                    Some(f) if f.is_fair(&job.job.topic) => f.added(*k, job, &self.fair_firing),
                     _ => {
                         if self.mirrors(k) {
                             self.entries.insert(*k, job.clone());

@@ -47,8 +47,10 @@ pub type Reader<'a> =
 /// Jobs released, in order.
 pub type Released = Vec<(DueKey, StoredJob)>;
 
-/// Jobs being fired (taken, not finished), by partition and id.
-pub type InFlight = HashSet<(i32, JobId)>;
+/// Jobs of fair topics being fired (taken, not finished), by where they are
+/// stored: a job put again under the same id meanwhile (a worker's retry)
+/// is another entry, not in flight.
+pub type InFlight = HashSet<DueKey>;
 
 /// One lane's jobs in one partition.
 #[derive(Debug, Default)]
@@ -205,7 +207,7 @@ impl FairWindow {
             Some(Some(c)) => k <= *c,
             _ => false,
         };
-        if covered && !in_flight.contains(&(k.partition, job.job.id)) {
+        if covered && !in_flight.contains(&k) {
             self.deliver(k, job.clone());
         }
     }
@@ -266,7 +268,7 @@ impl FairWindow {
                     break;
                 }
                 last = Some(k);
-                if self.is_fair(&job.job.topic) && !in_flight.contains(&(p, job.job.id)) {
+                if self.is_fair(&job.job.topic) && !in_flight.contains(&k) {
                     self.deliver(k, job);
                 }
             }

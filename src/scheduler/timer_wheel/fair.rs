@@ -41,7 +41,7 @@ impl TimerWheel {
         let Some(fair) = self.fair.as_mut() else {
             return Ok(Default::default());
         };
-        let mut found = fair.discover(now_ms, until, &self.firing, read)?;
+        let mut found = fair.discover(now_ms, until, &self.fair_firing, read)?;
         let changing = &self.changing;
         let is_changing = |p: i32, id: &JobId| !changing.is_empty() && changing.contains_key(&(p, *id));
         let mut jobs = Vec::new();
@@ -50,7 +50,7 @@ impl TimerWheel {
         for topic in topics {
             let n = allowance[topic];
             if n > 0 {
-                let due = fair.release(topic, n, now_ms, &self.firing, &is_changing, read)?;
+                let due = fair.release(topic, n, now_ms, &self.fair_firing, &is_changing, read)?;
                 let left = n - due.len().min(n);
                 jobs.extend(due);
                 // Workers idle and nothing due: jobs that allow it go early.
@@ -60,7 +60,7 @@ impl TimerWheel {
                     now_ms,
                     self.span_ms,
                     until,
-                    &self.firing,
+                    &self.fair_firing,
                     &is_changing,
                     read,
                 )?;
@@ -73,6 +73,7 @@ impl TimerWheel {
         }
         for (k, j) in &jobs {
             self.firing.insert((k.partition, j.job.id));
+            self.fair_firing.insert(*k);
         }
         Ok((jobs, found))
     }

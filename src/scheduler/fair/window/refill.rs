@@ -82,7 +82,7 @@ impl FairWindow {
                 let ours = j.topic == topic
                     && j.priority.class() == lane_id.1
                     && j.tenant.as_deref().unwrap_or("") == &*lane_id.0;
-                if !ours || in_flight.contains(&(p, j.id)) || pl.jobs.contains_key(&k) {
+                if !ours || in_flight.contains(&k) || pl.jobs.contains_key(&k) {
                     continue;
                 }
                 // At least one job, so a full buffer never stalls a lane.

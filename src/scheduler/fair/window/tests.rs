@@ -181,7 +181,7 @@ fn a_job_added_behind_the_cursor_joins_and_a_removed_one_is_not_released() {
     // One being fired is not added again.
     let mut firing = InFlight::default();
     let dup = store.put("c", "k3", 1_500, Priority::Normal);
-    firing.insert((0, store.jobs[&dup].job.id));
+    firing.insert(dup);
     w.added(dup, &store.jobs[&dup].clone(), &firing);
     let mut read = |p, a, u, l| Ok(store.scan(p, a, u, l));
     let got = w
@@ -267,7 +267,7 @@ fn idle_workers_get_jobs_within_their_early_allowance_one_per_key_and_only_when_
     assert_eq!(probe, vec![0]);
     // While it is being fired, the key's next job stays.
     let mut firing = InFlight::default();
-    firing.insert((0, got[0].1.job.id));
+    firing.insert(got[0].0);
     w.discover(6_000, &until_now(), &firing, &mut read).unwrap();
     let got = w
         .release_early(
@@ -303,4 +303,32 @@ fn idle_workers_get_jobs_within_their_early_allowance_one_per_key_and_only_when_
         .unwrap()
         .0;
     assert!(got.is_empty());
+}
+
+#[test]
+fn a_job_put_again_under_the_id_of_one_being_fired_is_released_in_its_turn() {
+    let mut store = FakeStore::default();
+    let mut w = window(100);
+    let first = store.put("a", "k", 1_000, Priority::Normal);
+    let mut firing = InFlight::default();
+    {
+        let mut read = |p, a, u, l| Ok(store.scan(p, a, u, l));
+        w.discover(2_000, &until_now(), &firing, &mut read).unwrap();
+        let got = w
+            .release(TOPIC, 10, 2_000, &firing, &|_, _| false, &mut read)
+            .unwrap();
+        assert_eq!(got.len(), 1);
+    }
+    firing.insert(first);
+    // Its retry (same id) is stored while the first fire is under way.
+    let id = store.jobs[&first].job.id;
+    let retry = store.put("a", "k", 1_500, Priority::Normal);
+    store.jobs.get_mut(&retry).unwrap().job.id = id;
+    let job = store.jobs[&retry].clone();
+    w.added(retry, &job, &firing);
+    let mut read = |p, a, u, l| Ok(store.scan(p, a, u, l));
+    let got = w
+        .release(TOPIC, 10, 2_000, &firing, &|_, _| false, &mut read)
+        .unwrap();
+    assert_eq!(got.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![retry]);
 }
