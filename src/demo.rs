@@ -23,6 +23,7 @@ use crate::worker::{Outcome, Worker};
 use crate::{Job, JobId, Producer};
 
 mod fair;
+mod held;
 mod operator;
 
 pub use fair::TenantWaits;
@@ -76,6 +77,9 @@ pub struct DemoSummary {
     pub changes_ignored: usize,
     /// The fair topic: per tenant, jobs started and their wait p50 / max.
     pub fair_waits: TenantWaits,
+    /// The held key's starts, by job number (1, 2, 2, 2, 3, 4, 5: job 2
+    /// failing twice holds the key).
+    pub held_key: Vec<u32>,
 }
 
 /// How much later the demo's rescheduled jobs run.
@@ -124,6 +128,12 @@ pub async fn run(
     );
     cfg.topics.work.push(fair_topic.clone());
     cfg.fair.topics = vec![fair_topic.clone()];
+    // A third, whose failing jobs hold their keys.
+    let held_topic = fair_topic.replace(".fair", ".orders");
+    cfg.topics.work.push(held_topic.clone());
+    cfg.worker
+        .on_failure_by_topic
+        .insert(held_topic.clone(), crate::config::OnFailure::HoldKey);
     cfg.fair.backlog_target = 200;
     let _dev = match brokers {
         Some(b) => {
@@ -152,7 +162,7 @@ pub async fn run(
         .first()
         .cloned()
         .ok_or_else(|| failed("no work topic configured"))?;
-    cfg.worker.topics = vec![work.clone(), fair_topic.clone()];
+    cfg.worker.topics = vec![work.clone(), fair_topic.clone(), held_topic.clone()];
 
     // Admin endpoints on free local ports, unless configured.
     for admin in [&mut cfg.scheduler.admin, &mut cfg.worker.admin] {
@@ -177,13 +187,26 @@ pub async fn run(
 
     let (tx, mut rx) = mpsc::unbounded_channel::<RunEvent>();
     let (fair_tx, mut fair_rx) = mpsc::unbounded_channel::<fair::FairStart>();
+    let (held_tx, mut held_rx) = mpsc::unbounded_channel::<held::HeldStart>();
     let fair_jobs = fair_topic.clone();
+    let held_jobs = held_topic.clone();
     let worker = Worker::builder(&cfg)
         .build(move |job: Job, ctx| {
             let tx = tx.clone();
             let fair_tx = (job.topic == fair_jobs).then(|| fair_tx.clone());
+            let held_tx = (job.topic == held_jobs).then(|| held_tx.clone());
             async move {
                 let started = Utc::now();
+                if let Some(held_tx) = held_tx {
+                    let _ = held_tx.send(held::HeldStart {
+                        key: job.key_lossy().into_owned(),
+                        n: String::from_utf8_lossy(&job.payload).parse().unwrap_or(0),
+                        attempt: job.attempt,
+                        at: started,
+                    });
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    return held::outcome(&job);
+                }
                 if let Some(fair_tx) = fair_tx {
                     let _ = fair_tx.send(fair::FairStart {
                         tenant: job.tenant.clone().unwrap_or_default(),
@@ -407,6 +430,7 @@ pub async fn run(
         s.overlaps += intervals.windows(2).filter(|w| w[1].0 < w[0].1).count();
     }
     s.fair_waits = fair::show(&producer, &fair_topic, &mut fair_rx).await?;
+    s.held_key = held::show(&producer, &held_topic, &mut held_rx).await?;
     let ws = wh.stats();
     operator::after_run(&cfg, sched_admin, worker_admin).await?;
     stop.cancel();
@@ -425,6 +449,7 @@ pub async fn run(
          {} lost, {} ran early, {} keys out of order, {} same-key overlaps (the worker's lock table)\n           \
          delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
          {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
+         held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
         s.done,
@@ -442,6 +467,7 @@ pub async fn run(
         s.rescheduled,
         moved_runs.len(),
         s.changes_ignored - ran_cancelled,
+        s.held_key,
         ws.started,
         ws.owned
     );
@@ -451,9 +477,11 @@ pub async fn run(
         || s.overlaps > 0
         || s.changes_ignored > 0
         || moved_runs.len() != moved.len()
+        || s.held_key != [1, 2, 2, 2, 3, 4, 5]
     {
         return Err(failed(
-            "the demo saw lost, early or out-of-order jobs, or an ignored cancel or reschedule",
+            "the demo saw lost, early or out-of-order jobs, an ignored cancel or reschedule, or a held key \
+             out of order",
         ));
     }
     Ok(s)

@@ -529,7 +529,7 @@ impl Worker {
             tokio::spawn(drive::drive(shared.clone(), inbox, halt.clone()));
         }
         if let Some(inbox) = shared.keeper.take_inbox() {
-            tokio::spawn(keeper::keep(shared.clone(), inbox));
+            tokio::spawn(keeper::keep(shared.clone(), inbox, halt.clone()));
         }
         if shared.rules.iter().any(Option::is_some) {
             tokio::spawn(pace::pace(shared.clone()));

@@ -90,9 +90,21 @@ impl Keeper {
     }
 }
 
-/// The keeper task: one round at a time, everything queued since the last.
-pub(super) async fn keep(shared: Arc<Shared>, mut inbox: mpsc::UnboundedReceiver<Request>) {
-    while let Some(first) = inbox.recv().await {
+/// The keeper task: one round at a time, everything queued since the last;
+/// it ends with `halt` (every partition released).
+pub(super) async fn keep(
+    shared: Arc<Shared>,
+    mut inbox: mpsc::UnboundedReceiver<Request>,
+    halt: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            r = inbox.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+            _ = halt.cancelled() => return,
+        };
         let mut round = vec![first];
         while let Ok(more) = inbox.try_recv() {
             round.push(more);
