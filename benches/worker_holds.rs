@@ -1,0 +1,262 @@
+//! What holding keys costs the worker (`on_failure = "hold_key"`), each
+//! figure against its baseline in the same run, on the nisshi test broker.
+//!
+//! ```text
+//! cargo bench --bench worker_holds                 # N = 50,000 jobs; 100,000 keys held
+//! KAIROS_BENCH_N=20000 KAIROS_BENCH_HELD=20000 cargo bench --bench worker_holds
+//! KAIROS_BENCH_ONLY=none|failing|memory cargo bench --bench worker_holds
+//! ```
+//!
+//! - **No failures** (`none`): N due jobs over 10,000 keys, a no-op handler,
+//!   concurrency 256: jobs/s with hold-key on against off, each side twice,
+//!   interleaved, the best counting (target ≥ 0.95x: holding keys costs
+//!   nothing while nothing fails).
+//! - **1 % of keys failing** (`failing`): the same, but every job of one
+//!   key in a hundred fails twice (a 100 ms retry delay) before it
+//!   succeeds; a scheduler runs in-process for the retries and the parked
+//!   jobs. Jobs/s to the last success, hold-key against overtaking, each on
+//!   topics of its own (target ≥ 0.8x).
+//! - **Memory** (`memory`): 100,000 keys whose one job fails with a retry an
+//!   hour ahead, so all are held at once; the worker's resident memory once
+//!   they are, against the same worker idle before (target ≤ 64 MiB more).
+//!   No scheduler runs: the retries wait in the schedule topic.
+//!
+//! Each run uses fresh topics and groups. The worker runs in this process on
+//! the `kairos` binary's allocator.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use kairos::config::OnFailure;
+use kairos::scheduler::Scheduler;
+use kairos::worker::{JobContext, Outcome, Worker, WorkerHandle};
+use kairos::{Config, Job};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio_util::sync::CancellationToken;
+
+const KEYS: u64 = 10_000;
+const CONCURRENCY: usize = 256;
+const RUNS: usize = 2;
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+/// Write `n` due jobs, key `key-<i mod keys>`, payload `i`, to `topic`.
+fn fill(cfg: &Config, topic: &str, n: u64, keys: u64) {
+    let mut c = kairos::kafka::producer_config(&cfg.kafka, "bench-fill");
+    c.set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000");
+    let producer: BaseProducer = c.create().expect("fill producer");
+    for i in 0..n {
+        let (key, payload) = (format!("key-{}", i % keys), i.to_string());
+        let mut rec = BaseRecord::to(topic).key(key.as_str()).payload(payload.as_str());
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    rec = r;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => panic!("producing to {topic}: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300)).expect("flush");
+}
+
+/// Fresh topics on `broker`, with hold-key on or off.
+fn config(broker: &Broker, dir: &std::path::Path, hold: bool) -> Config {
+    let mut cfg = common::system::config(broker, dir);
+    cfg.topics.work_partitions = 6;
+    cfg.worker.on_failure = if hold {
+        OnFailure::HoldKey
+    } else {
+        OnFailure::Overtake
+    };
+    cfg.worker.backoff_base = Duration::from_millis(100);
+    cfg
+}
+
+/// Whether a job fails: every job of one key in a hundred, on its first two
+/// attempts.
+fn fails(job: &Job) -> bool {
+    let k: u64 = String::from_utf8_lossy(&job.key)
+        .trim_start_matches("key-")
+        .parse()
+        .unwrap_or(1);
+    k.is_multiple_of(100) && job.attempt <= 2
+}
+
+/// Run a worker (and a scheduler, if asked) on `cfg` until `until` says so;
+/// returns the time from the worker's start.
+async fn run(
+    cfg: &Config,
+    scheduler: bool,
+    failing: bool,
+    until: impl Fn(&WorkerHandle) -> bool,
+) -> Duration {
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    if scheduler {
+        let s = Scheduler::builder(cfg).build().expect("scheduler");
+        let st = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            s.run_until(async move { st.cancelled().await })
+                .await
+                .expect("scheduler");
+        }));
+    }
+    let worker = Worker::builder(cfg)
+        .concurrency(CONCURRENCY)
+        .build(move |job: Job, _ctx: JobContext| async move {
+            if failing && fails(&job) {
+                Outcome::retry_after(Duration::from_millis(100), "bench failure")
+            } else {
+                Outcome::done()
+            }
+        })
+        .expect("worker");
+    let h = worker.handle();
+    let started = Instant::now();
+    let st = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        worker
+            .run_until(async move { st.cancelled().await })
+            .await
+            .expect("worker");
+    }));
+    while !until(&h) {
+        assert!(started.elapsed() < TIMEOUT, "timed out: {:?}", h.stats());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    stop.cancel();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    took
+}
+
+/// Jobs/s of `n` jobs, best of `RUNS` per side, hold-key on against off,
+/// interleaved; each run on topics of its own.
+fn compare(rt: &tokio::runtime::Runtime, broker: &Broker, n: u64, failing: bool) -> (f64, f64) {
+    let mut best = [0.0f64; 2];
+    for _ in 0..RUNS {
+        for (i, hold) in [false, true].into_iter().enumerate() {
+            let dir = support::bench_dir("kairos-bench-holds");
+            let cfg = config(broker, dir.path(), hold);
+            rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
+            fill(&cfg, &cfg.topics.work[0], n, KEYS);
+            let took = rt.block_on(run(&cfg, failing, failing, |h| h.stats().succeeded >= n));
+            let rate = n as f64 / took.as_secs_f64();
+            println!(
+                "  {:<9} {:>6.0} jobs/s ({n} jobs in {took:.2?})",
+                if hold { "hold-key" } else { "overtake" },
+                rate
+            );
+            best[i] = best[i].max(rate);
+        }
+    }
+    (best[1], best[0])
+}
+
+fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64) {
+    let dir = support::bench_dir("kairos-bench-holds");
+    let mut cfg = config(broker, dir.path(), true);
+    cfg.worker.max_held_keys = held as usize + 1;
+    rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
+    // Idle first: the worker joined and owns its partitions, nothing to do.
+    let idle = rt.block_on(async {
+        let stop = CancellationToken::new();
+        let worker = Worker::builder(&cfg)
+            .concurrency(CONCURRENCY)
+            .build(|_job: Job, _ctx: JobContext| async {
+                Outcome::retry_after(Duration::from_secs(3600), "held for the bench")
+            })
+            .expect("worker");
+        let h = worker.handle();
+        let st = stop.clone();
+        let task = tokio::spawn(async move {
+            worker
+                .run_until(async move { st.cancelled().await })
+                .await
+                .expect("worker");
+        });
+        let t = Instant::now();
+        while h.stats().owned == 0 {
+            assert!(t.elapsed() < TIMEOUT, "no partitions");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let idle = support::mem();
+        fill(&cfg, &cfg.topics.work[0], held, held);
+        let t = Instant::now();
+        while h.stats().held_keys < held as usize {
+            assert!(t.elapsed() < TIMEOUT, "keys held: {:?}", h.stats());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("  {held} keys held in {:.2?}", t.elapsed());
+        let busy = support::mem();
+        stop.cancel();
+        task.await.expect("worker");
+        (idle, busy)
+    });
+    (support::mib(idle.0.rss), support::mib(idle.1.rss))
+}
+
+fn main() {
+    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
+    let n = env_u64("KAIROS_BENCH_N", 50_000);
+    let held = env_u64("KAIROS_BENCH_HELD", 100_000);
+    let rt = support::runtime();
+    let broker = Broker::start();
+    let mut ok = true;
+    if only.is_empty() || only == "none" {
+        println!("no failures: {n} jobs over {KEYS} keys, no-op handler, concurrency {CONCURRENCY}");
+        let (on, off) = compare(&rt, &broker, n, false);
+        let r = on / off;
+        println!(
+            "{}  hold-key on/off {r:.2}x ({on:.0} against {off:.0} jobs/s; target >= 0.95x)",
+            support::pass(r >= 0.95)
+        );
+        ok &= r >= 0.95;
+    }
+    if only.is_empty() || only == "failing" {
+        println!("1 % of keys failing twice: {n} jobs over {KEYS} keys, retries after 100 ms");
+        let (on, off) = compare(&rt, &broker, n, true);
+        let r = on / off;
+        println!(
+            "{}  hold-key/overtake {r:.2}x ({on:.0} against {off:.0} jobs/s; target >= 0.8x)",
+            support::pass(r >= 0.8)
+        );
+        ok &= r >= 0.8;
+    }
+    if only.is_empty() || only == "memory" {
+        println!("memory: {held} keys held at once");
+        let (idle, busy) = memory(&rt, &broker, held);
+        let more = busy - idle;
+        println!(
+            "{}  worker RSS {busy:.1} MiB with {held} keys held, {idle:.1} MiB idle: {more:.1} MiB more ({:.0} bytes a key; target <= 64 MiB)",
+            support::pass(more <= 64.0),
+            more * support::MIB / held as f64
+        );
+        ok &= more <= 64.0;
+    }
+    drop(broker);
+    if !ok {
+        std::process::exit(1);
+    }
+}
