@@ -32,8 +32,6 @@
 
 pub mod record;
 
-use std::collections::hash_map::Entry;
-
 use serde::{Deserialize, Serialize};
 
 use crate::hash::HashMap;
@@ -92,13 +90,14 @@ pub struct Hold {
     /// [`GIVE_UP_MS`]; not kept).
     #[serde(skip)]
     pub gave_up: u32,
-    /// Since when jobs have been waiting in memory (not kept).
-    #[serde(skip)]
-    pub wait_since_ms: Option<i64>,
+    /// Since when jobs have been waiting in memory ([`NEVER`]: none; not
+    /// kept).
+    #[serde(skip, default = "never")]
+    pub wait_since_ms: i64,
     /// Since when a parked job came back before a job parked ahead of it
     /// (which has not come back since), ms (not kept).
-    #[serde(skip)]
-    pub gap_since_ms: Option<i64>,
+    #[serde(skip, default = "never")]
+    pub gap_since_ms: i64,
     /// The last park sequence handed to Kafka: what the held topic may
     /// say was given (a park not written when the worker dies is read
     /// again and parked anew, so its number must not count).
@@ -111,7 +110,7 @@ pub struct Hold {
     /// A blocker an operator released: its next run is dead-lettered when
     /// it comes back (it no longer holds the key meanwhile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub released: Option<JobId>,
+    pub released: Option<Box<JobId>>,
 }
 
 impl Hold {
@@ -177,6 +176,13 @@ pub enum Admit {
 /// otherwise send every one through the scheduler).
 pub(crate) const WAIT_MS: i64 = 2_000;
 
+/// No time: a `..._since_ms` field not set.
+pub const NEVER: i64 = i64::MIN;
+
+fn never() -> i64 {
+    NEVER
+}
+
 /// A parked job back before its turn (the blocker's next run not back yet,
 /// or a job parked before it still out) goes out again due this much later
 /// (or with the blocker's next run, if that is later).
@@ -231,7 +237,12 @@ pub enum HoldUpdate {
 /// The held keys of the partitions a worker owns (see the module doc).
 #[derive(Debug)]
 pub struct Holds<P> {
-    keys: HashMap<(P, Box<[u8]>), Hold>,
+    /// Per partition, per key (looked up by borrowed key, no allocation).
+    keys: HashMap<P, HashMap<Box<[u8]>, Hold>>,
+    /// Keys held, over all partitions.
+    len: usize,
+    /// The same, readable without the lock this table is kept under.
+    shared_len: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     max: usize,
 }
 
@@ -246,59 +257,97 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn new(max: usize) -> Self {
         Holds {
             keys: HashMap::default(),
+            len: 0,
+            shared_len: Default::default(),
             max: max.max(1),
         }
     }
 
+    /// The number of keys held, kept up to date, readable without the lock
+    /// this table is kept under.
+    pub fn counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        self.shared_len.clone()
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len;
+        self.shared_len.store(len, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Keys held now.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.len
     }
 
     /// Whether no key is held.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.len == 0
     }
 
     /// When the longest-held key was held, ms.
     pub fn oldest_ms(&self) -> Option<i64> {
-        self.keys.values().map(|h| h.since_ms).min()
+        self.keys
+            .values()
+            .flat_map(|m| m.values())
+            .map(|h| h.since_ms)
+            .min()
     }
 
     /// The hold of `key` in `partition`, mutable.
     pub fn get_mut(&mut self, partition: P, key: &[u8]) -> Option<&mut Hold> {
-        self.keys.get_mut(&(partition, Box::from(key)))
+        self.keys.get_mut(&partition)?.get_mut(key)
     }
 
     /// The hold of `key` in `partition`, if any.
     pub fn get(&self, partition: P, key: &[u8]) -> Option<&Hold> {
-        self.keys.get(&(partition, Box::from(key)))
+        self.keys.get(&partition)?.get(key)
+    }
+
+    fn insert(&mut self, partition: P, key: &[u8], h: Hold) -> &mut Hold {
+        if self.get(partition, key).is_none() {
+            self.set_len(self.len + 1);
+        }
+        let part = self.keys.entry(partition).or_default();
+        part.entry(Box::from(key)).or_insert(h)
+    }
+
+    fn remove(&mut self, partition: P, key: &[u8]) {
+        if let Some(part) = self.keys.get_mut(&partition) {
+            let removed = part.remove(key).is_some();
+            if part.is_empty() {
+                self.keys.remove(&partition);
+            }
+            if removed {
+                self.set_len(self.len - 1);
+            }
+        }
     }
 
     /// A hold read back from the held topic (`None`: a tombstone).
     pub fn load(&mut self, partition: P, key: &[u8], hold: Option<Hold>) {
-        match hold {
-            Some(h) => {
-                self.keys.insert((partition, Box::from(key)), h.loaded());
-            }
-            None => {
-                self.keys.remove(&(partition, Box::from(key)));
-            }
+        self.remove(partition, key);
+        if let Some(h) = hold {
+            self.insert(partition, key, h.loaded());
         }
     }
 
     /// Forget the holds of a partition let go (its next owner reads them).
     pub fn drop_partition(&mut self, partition: P) {
-        self.keys.retain(|(p, _), _| *p != partition);
+        if let Some(part) = self.keys.remove(&partition) {
+            self.set_len(self.len - part.len());
+        }
     }
 
     /// What to do with `job`, just read from `partition`, at `now_ms`.
     pub fn admit(&mut self, partition: P, job: &Job, now_ms: i64) -> Admit {
-        let Some(h) = self.keys.get_mut(&(partition, Box::from(job.key.as_slice()))) else {
+        if self.len == 0 {
+            return Admit::Run;
+        }
+        let Some(h) = self.get_mut(partition, &job.key) else {
             return Admit::Run;
         };
-        if h.released == Some(job.id) {
+        if h.released.as_deref() == Some(&job.id) {
             return Admit::Released;
         }
         let blocker_out = match &mut h.blocker {
@@ -314,7 +363,9 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 Admit::Run
             } else if h.waiting > 0 || (blocker_out.is_none() && h.tail_at_ms <= now_ms + WAIT_MS) {
                 h.waiting += 1;
-                h.wait_since_ms.get_or_insert(now_ms);
+                if h.wait_since_ms == NEVER {
+                    h.wait_since_ms = now_ms;
+                }
                 Admit::Wait
             } else {
                 park_fresh(h, job)
@@ -342,14 +393,17 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         }
         if seq == h.admitted_seq + 1 {
             h.admitted_seq = seq;
-            h.gap_since_ms = None;
+            h.gap_since_ms = NEVER;
             return Admit::Run;
         }
         // A job parked before it is still out.
-        let since = *h.gap_since_ms.get_or_insert(now_ms);
+        if h.gap_since_ms == NEVER {
+            h.gap_since_ms = now_ms;
+        }
+        let since = h.gap_since_ms;
         if now_ms - since >= GIVE_UP_MS {
             h.gave_up += 1;
-            h.gap_since_ms = None;
+            h.gap_since_ms = NEVER;
             h.admitted_seq = seq;
             return Admit::Run;
         }
@@ -370,7 +424,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// blocker's own next run, already read (a retry due at once goes
     /// straight to the work topic), stays: `Run`.
     pub fn park_buffered(&mut self, partition: P, job: &Job) -> Option<Admit> {
-        let h = self.keys.get_mut(&(partition, Box::from(job.key.as_slice())))?;
+        let h = self.get_mut(partition, &job.key)?;
         let due = match &mut h.blocker {
             Some(b) if b.id == job.id => {
                 b.arrived = true;
@@ -392,14 +446,11 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// blocker failed again, or too many wait), in their order, with new
     /// sequences.
     pub fn park_waiting(&mut self, partition: P, jobs: &[&Job]) -> Vec<Admit> {
-        let Some(h) = self
-            .keys
-            .get_mut(&(partition, Box::from(jobs.first().map_or(&[][..], |j| &j.key[..]))))
-        else {
+        let Some(h) = self.get_mut(partition, jobs.first().map_or(&[][..], |j| &j.key[..])) else {
             return Vec::new();
         };
         h.waiting = 0;
-        h.wait_since_ms = None;
+        h.wait_since_ms = NEVER;
         jobs.iter().map(|j| park_fresh(h, j)).collect()
     }
 
@@ -411,14 +462,17 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let overdue: Vec<(P, Box<[u8]>)> = self
             .keys
             .iter()
-            .filter(|(_, h)| h.wait_since_ms.is_some_and(|t| now_ms - t >= GIVE_UP_MS))
-            .map(|(k, _)| k.clone())
+            .flat_map(|(p, m)| m.iter().map(move |(k, h)| (p, k, h)))
+            .filter(|(_, _, h)| h.wait_since_ms != NEVER && now_ms - h.wait_since_ms >= GIVE_UP_MS)
+            .map(|(p, k, _)| (*p, k.clone()))
             .collect();
         let mut out = Vec::new();
         for k in overdue {
-            let Some(h) = self.keys.get_mut(&k) else { continue };
+            let Some(h) = self.get_mut(k.0, &k.1) else {
+                continue;
+            };
             h.gave_up += 1;
-            h.wait_since_ms = None;
+            h.wait_since_ms = NEVER;
             h.waiting = 0;
             if h.blocker.as_ref().is_some_and(|b| b.arrived) {
                 // Its blocker is back and runs: only the parked jobs are given up.
@@ -431,7 +485,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             h.done_seq = h.last_seq;
             h.admitted_seq = h.last_seq;
             let change = if h.released.is_none() {
-                self.keys.remove(&k);
+                self.remove(k.0, &k.1);
                 Change::Let
             } else {
                 Change::Put(h.clone())
@@ -443,33 +497,31 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
 
     /// `job`'s run is over and its outcome written: what changes for its key.
     pub fn settled(&mut self, partition: P, job: &Job, how: Settlement, now_ms: i64) -> HoldUpdate {
-        let len = self.keys.len();
-        let entry = self.keys.entry((partition, Box::from(job.key.as_slice())));
         match how {
             Settlement::Again {
                 attempt,
                 due_ms,
                 cause,
             } => {
-                let h = match entry {
-                    Entry::Occupied(o) => o.into_mut(),
-                    Entry::Vacant(_) if len >= self.max => return HoldUpdate::Overflow,
-                    Entry::Vacant(v) => v.insert(Hold {
-                        blocker: None,
-                        last_seq: 0,
-                        done_seq: 0,
-                        admitted_seq: 0,
-                        waiting: 0,
-                        sent_seq: 0,
-                        gap_since_ms: None,
-                        wait_since_ms: None,
-                        gave_up: 0,
-                        tail_at_ms: i64::MIN,
-                        since_ms: now_ms,
-                        released: None,
-                    }),
+                if self.get(partition, &job.key).is_none() && self.len >= self.max {
+                    return HoldUpdate::Overflow;
+                }
+                let fresh = Hold {
+                    blocker: None,
+                    last_seq: 0,
+                    done_seq: 0,
+                    admitted_seq: 0,
+                    waiting: 0,
+                    sent_seq: 0,
+                    gap_since_ms: NEVER,
+                    wait_since_ms: NEVER,
+                    gave_up: 0,
+                    tail_at_ms: i64::MIN,
+                    since_ms: now_ms,
+                    released: None,
                 };
-                if h.released == Some(job.id) {
+                let h = self.insert(partition, &job.key, fresh);
+                if h.released.as_deref() == Some(&job.id) {
                     // Released while it ran: its next run is dead-lettered.
                     return HoldUpdate::Unchanged;
                 }
@@ -490,12 +542,14 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 HoldUpdate::Write(Change::Put(h.clone()))
             }
             Settlement::Finished => {
-                let Entry::Occupied(mut o) = entry else {
+                if self.len == 0 {
+                    return HoldUpdate::Unchanged;
+                }
+                let Some(h) = self.get_mut(partition, &job.key) else {
                     return HoldUpdate::Unchanged;
                 };
-                let h = o.get_mut();
                 let mut changed = false;
-                if h.released == Some(job.id) {
+                if h.released.as_deref() == Some(&job.id) {
                     h.released = None;
                     changed = true;
                 }
@@ -510,7 +564,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     changed = true;
                 }
                 if h.done() {
-                    o.remove();
+                    self.remove(partition, &job.key);
                     HoldUpdate::Write(Change::Let)
                 } else if changed {
                     HoldUpdate::Write(Change::Put(h.clone()))
@@ -525,14 +579,14 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// longer wait for it, and its next run is dead-lettered when it comes
     /// back. `None` when `id` does not hold `key` here.
     pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<Change> {
-        let h = self.keys.get_mut(&(partition, Box::from(key)))?;
+        let h = self.get_mut(partition, key)?;
         let b = h.blocker.take_if(|b| b.id == id)?;
         if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
             // Its place counts as done: the jobs after it run.
             h.done_seq = s;
             h.admitted_seq = h.admitted_seq.max(s);
         }
-        h.released = Some(id);
+        h.released = Some(Box::new(id));
         Some(Change::Put(h.clone()))
     }
 }

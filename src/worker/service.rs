@@ -25,7 +25,7 @@ mod pace;
 mod poll;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -256,6 +256,8 @@ struct Shared {
     pace_wake: tokio::sync::Notify,
     /// Writes parked jobs and held keys.
     keeper: keeper::Keeper,
+    /// Keys held now (the state's `holds`, read without its lock).
+    held_now: Arc<AtomicUsize>,
     /// Where the poll thread runs its Kafka writes.
     runtime: tokio::runtime::Handle,
     stop: CancellationToken,
@@ -397,6 +399,7 @@ impl WorkerBuilder {
             return Err(WorkerError::Config("concurrency must be at least 1".into()));
         }
         let raw = kafka::producer(&cfg.kafka, "kairos-worker")?;
+        let holds = Holds::new(w.max_held_keys);
         let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone())?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| WorkerError::Config("build the worker inside a tokio runtime".into()))?;
@@ -426,8 +429,9 @@ impl WorkerBuilder {
                     clock: self.clock.clone(),
                 },
                 handler: Arc::new(handler),
+                held_now: holds.counter(),
                 state: Mutex::new(State {
-                    holds: Holds::new(w.max_held_keys),
+                    holds,
                     ..State::default()
                 }),
                 holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),

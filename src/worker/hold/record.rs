@@ -43,7 +43,7 @@ pub fn decode(value: Option<&[u8]>) -> Result<Option<Hold>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::hold::{Blocker, Cause};
+    use crate::worker::hold::{Blocker, Cause, NEVER};
 
     #[test]
     fn keys_and_values_round_trip() {
@@ -64,8 +64,8 @@ mod tests {
             admitted_seq: 3,
             waiting: 0,
             sent_seq: 0,
-            gap_since_ms: None,
-            wait_since_ms: None,
+            gap_since_ms: NEVER,
+            wait_since_ms: NEVER,
             gave_up: 0,
             tail_at_ms: 5,
             since_ms: 1,

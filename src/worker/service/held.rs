@@ -177,10 +177,18 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
         },
         _ => Settlement::Finished,
     };
+    if how == Settlement::Finished && shared.held_now.load(Ordering::Relaxed) == 0 {
+        // Nothing held: the common case, without the lock.
+        return true;
+    }
     let now_ms = shared.clock.now().timestamp_millis();
     let update = {
         let mut st = shared.state();
         let update = st.holds.settled(tp, job, how, now_ms);
+        if update == HoldUpdate::Unchanged && st.waiting.is_empty() {
+            // Nothing held here: the common case, kept cheap.
+            return true;
+        }
         // The key's jobs buffered behind this one, then those waiting in
         // memory, are parked now, in the same lock: ahead of any job of the
         // key read from here on. A key let go runs the jobs that waited.
