@@ -45,6 +45,25 @@ fn record(starts: &Starts, job: &Job) {
     });
 }
 
+/// Run a worker and a scheduler on `cfg` whose handler records each start,
+/// then answers `outcome` (which sees the starts so far).
+fn recorded(
+    cfg: &Config,
+    outcome: impl Fn(&Job, &Starts) -> Outcome + Send + Sync + 'static,
+) -> (Starts, common::system::System) {
+    let starts: Starts = Default::default();
+    let s = starts.clone();
+    let outcome = std::sync::Arc::new(outcome);
+    let sys = run(cfg, true, move |job: Job, _ctx| {
+        let (s, outcome) = (s.clone(), outcome.clone());
+        async move {
+            record(&s, &job);
+            outcome(&job, &s)
+        }
+    });
+    (starts, sys)
+}
+
 /// One work partition, so that every key shares it.
 fn one_partition(broker: &Broker, dir: &std::path::Path) -> Config {
     let mut cfg = config(broker, dir);
@@ -61,18 +80,12 @@ async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_m
     let cfg = one_partition(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let starts: Starts = Default::default();
-    let s = starts.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let s = s.clone();
-        async move {
-            record(&s, &job);
-            match (job.key.as_slice(), job.payload.as_slice(), job.attempt) {
-                (b"K", b"2", 1) => Outcome::retry_after(Duration::from_millis(300), "first failure"),
-                // A long wait: the test looks at the partition meanwhile.
-                (b"K", b"2", 2) => Outcome::retry_after(Duration::from_secs(4), "second failure"),
-                _ => Outcome::done(),
-            }
+    let (starts, sys) = recorded(&cfg, move |job, _| {
+        match (job.key.as_slice(), job.payload.as_slice(), job.attempt) {
+            (b"K", b"2", 1) => Outcome::retry_after(Duration::from_millis(300), "first failure"),
+            // A long wait: the test looks at the partition meanwhile.
+            (b"K", b"2", 2) => Outcome::retry_after(Duration::from_secs(4), "second failure"),
+            _ => Outcome::done(),
         }
     });
     let producer = Producer::new(&cfg).unwrap();
@@ -138,17 +151,11 @@ async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order(
     let cfg = one_partition(&broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let starts: Starts = Default::default();
-    let s = starts.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let s = s.clone();
-        async move {
-            record(&s, &job);
-            if job.payload == b"1" {
-                Outcome::retry_after(Duration::from_secs(3), "never works")
-            } else {
-                Outcome::done()
-            }
+    let (starts, sys) = recorded(&cfg, move |job, _| {
+        if job.payload == b"1" {
+            Outcome::retry_after(Duration::from_secs(3), "never works")
+        } else {
+            Outcome::done()
         }
     });
     let producer = Producer::new(&cfg).unwrap();
@@ -327,17 +334,11 @@ async fn a_rate_limited_outcome_pauses_its_host_without_spending_an_attempt() {
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let pause = Duration::from_secs(2);
-    let starts: Starts = Default::default();
-    let s = starts.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let s = s.clone();
-        async move {
-            record(&s, &job);
-            if job.payload == b"429" && s.lock().unwrap().iter().filter(|x| x.payload == "429").count() == 1 {
-                Outcome::rate_limited_for(pause)
-            } else {
-                Outcome::done()
-            }
+    let (starts, sys) = recorded(&cfg, move |job, s| {
+        if job.payload == b"429" && s.lock().unwrap().iter().filter(|x| x.payload == "429").count() == 1 {
+            Outcome::rate_limited_for(pause)
+        } else {
+            Outcome::done()
         }
     });
     let producer = Producer::new(&cfg).unwrap();
@@ -401,15 +402,7 @@ async fn a_key_waiting_for_its_turn_does_not_delay_other_keys() {
     for j in jobs {
         producer.enqueue(j).await.unwrap();
     }
-    let starts: Starts = Default::default();
-    let s = starts.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let s = s.clone();
-        async move {
-            record(&s, &job);
-            Outcome::done()
-        }
-    });
+    let (starts, sys) = recorded(&cfg, |_, _| Outcome::done());
     wait_for("every job to start", T, || {
         (starts.lock().unwrap().len() >= 44).then_some(())
     });
