@@ -70,8 +70,10 @@ step "tests"
 # Unit, integration (incl. the crash suite) and doc tests. The benchmarks are
 # not run here (they take minutes to hours; see BENCHMARKS.md), only compiled
 # by the lint step above.
-cargo test --lib --bins --tests --locked
-cargo test --doc --locked
+# A test that hangs fails the run instead of stalling it (the whole suite
+# takes about 20 minutes here).
+timeout --kill-after=30s 40m cargo test --lib --bins --tests --locked
+timeout --kill-after=30s 10m cargo test --doc --locked
 
 step "fuzz"
 # Record decoding and config parsing, 20 s per target from the seed corpus
