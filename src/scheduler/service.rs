@@ -119,6 +119,10 @@ struct Shared {
     direct: Mutex<HashMap<i32, DirectOffsets>>,
     /// Writes fired jobs, changelog records and dead letters.
     producer: FutureProducer,
+    /// Held while changelog records are handed to the producer: a
+    /// finisher's tombstones and an apply batch's puts of the same job go
+    /// to the changelog in the order their writers decided them.
+    changelog_order: tokio::sync::Mutex<()>,
     /// Decides what is due.
     clock: SharedClock,
     /// Cancelled on shutdown or on a fatal error.
@@ -279,6 +283,7 @@ impl Scheduler {
                 firing: Firing::default(),
                 direct: Mutex::new(HashMap::default()),
                 producer,
+                changelog_order: tokio::sync::Mutex::new(()),
                 clock,
                 stop: CancellationToken::new(),
                 fatal: Mutex::new(None),

@@ -93,6 +93,9 @@ pub struct TimerWheel {
     /// The same, of fair topics, by where they are stored (the fair window
     /// must not mistake a job put again under a firing id for the one firing).
     fair_firing: HashSet<DueKey>,
+    /// Jobs being fired that a schedule record read since puts again (a
+    /// worker's retry): their fire must not tombstone the new put.
+    put_again: HashSet<(i32, JobId)>,
     /// Jobs ingest batches are changing, with how many batches: not taken
     /// until every one of them is applied.
     changing: HashMap<(i32, JobId), u32>,
@@ -129,6 +132,7 @@ impl TimerWheel {
             direct_ids: HashMap::default(),
             firing: HashSet::default(),
             fair_firing: HashSet::default(),
+            put_again: HashSet::default(),
             changing: HashMap::default(),
             refilling: None,
             next_ticket: 0,
@@ -216,6 +220,20 @@ impl TimerWheel {
         !self.firing.is_empty() && self.firing.contains(&(partition, *id))
     }
 
+    /// A schedule record read puts job `id` of `partition` again: if that
+    /// job is being fired, its fire leaves the changelog alone.
+    pub fn put_again(&mut self, partition: i32, id: JobId) {
+        if self.is_firing(partition, &id) {
+            self.put_again.insert((partition, id));
+        }
+    }
+
+    /// Whether job `id` of `partition`, being fired, was put again since it
+    /// was taken.
+    pub fn was_put_again(&self, partition: i32, id: &JobId) -> bool {
+        !self.put_again.is_empty() && self.put_again.contains(&(partition, *id))
+    }
+
     /// Take the direct job `id` of `partition` out of the window (a change
     /// replaces or cancels it), if it is there.
     pub fn take_direct_job(&mut self, partition: i32, id: &JobId) -> Option<(DueKey, StoredJob)> {
@@ -250,6 +268,9 @@ impl TimerWheel {
     pub fn fired(&mut self, jobs: &[(DueKey, StoredJob)]) {
         for (k, j) in jobs {
             self.firing.remove(&(k.partition, j.job.id));
+            if !self.put_again.is_empty() {
+                self.put_again.remove(&(k.partition, j.job.id));
+            }
             if !self.fair_firing.is_empty() {
                 self.fair_firing.remove(k);
             }

@@ -8,6 +8,7 @@ mod common;
 
 mod admin;
 mod bad_input;
+mod changelog_order;
 mod contract;
 mod dashboard;
 mod dlq;

@@ -13,6 +13,7 @@ use super::persist::owned_or_log;
 use super::{blocking_store, direct, Shared};
 
 use crate::hash::{HashMap, HashSet};
+use crate::job::JobId;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Change, DueKey, PartitionWrite, StoreError};
 use crate::scheduler::stored::StoredJob;
@@ -139,12 +140,29 @@ pub(super) async fn finish_fire(
         .stats
         .fired_direct
         .fetch_add(fired_direct, Ordering::Relaxed);
-    // Tombstones, then the store.
+    // Tombstones, then the store. The tombstones are decided and handed to
+    // the producer under the changelog order lock: a job put again since it
+    // was taken (a worker's retry under its id) keeps its new put, which a
+    // tombstone written after it would delete from the changelog, and so
+    // from a rebuild; a put read later is written after the tombstone.
+    let order = shared.changelog_order.lock().await;
+    let put_again: HashSet<(i32, JobId)> = {
+        let w = shared.wheel();
+        done.iter()
+            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id))
+            .map(|(k, s)| (k.partition, s.job.id))
+            .collect()
+    };
     let mut by_part: HashMap<i32, Fired> = HashMap::default();
     for (k, s) in &done {
         let e = by_part.entry(k.partition).or_default();
-        e.tombs
-            .push(changelog::tombstone(&cfg.topics.changelog, &s.job.id));
+        if put_again.contains(&(k.partition, s.job.id)) {
+            debug!(job_id = %s.job.id, partition = k.partition, offset = k.seq,
+                "fired; its id was put again meanwhile, the changelog keeps the new put");
+        } else {
+            e.tombs
+                .push(changelog::tombstone(&cfg.topics.changelog, &s.job.id));
+        }
         e.changes.push(Change::Fired(s.job.id, *k));
     }
     // How far each partition is handled, with the direct jobs just fired:
@@ -161,11 +179,12 @@ pub(super) async fn finish_fire(
         .iter()
         .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
         .collect();
-    let results = futures::future::join_all(
-        sent.iter()
-            .map(|(p, r)| kafka::send(&shared.producer, r, Some(*p))),
-    )
-    .await;
+    let mut acks = Vec::with_capacity(sent.len());
+    for (p, r) in &sent {
+        acks.push(kafka::enqueue(&shared.producer, r, Some(*p)).await);
+    }
+    drop(order);
+    let results = futures::future::join_all(acks).await;
     let acks = results.into_iter().map(|r| r.map(|d| d.offset));
     let partitions: Vec<i32> = sent.iter().map(|(p, _)| *p).collect();
     let (written, failed) = changelog::written_up_to(&partitions, acks);

@@ -309,6 +309,9 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> ReadB
         let mut w = shared.wheel();
         for r in &b.records {
             let id = id_of(&r.command);
+            if matches!(r.command, Command::Schedule(_)) {
+                w.put_again(r.partition, id);
+            }
             if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
                 let firing = w.is_firing(r.partition, &id);
                 if !firing {

@@ -97,11 +97,20 @@ pub(super) fn send_all_retrying(
         if pending.is_empty() {
             return Ok(out.into_iter().map(|d| d.expect("all delivered")).collect());
         }
-        let results = futures::executor::block_on(futures::future::join_all(
-            pending
-                .iter()
-                .map(|i| kafka::send(&shared.producer, records[*i].1, records[*i].0)),
-        ));
+        // Handed to librdkafka under the changelog order lock, so that the
+        // finisher's tombstones and these records keep one order (see
+        // `finish`); acknowledged without it.
+        let acks = {
+            let _order = shared.changelog_order.blocking_lock();
+            futures::executor::block_on(async {
+                let mut acks = Vec::with_capacity(pending.len());
+                for i in &pending {
+                    acks.push(kafka::enqueue(&shared.producer, records[*i].1, records[*i].0).await);
+                }
+                acks
+            })
+        };
+        let results = futures::executor::block_on(futures::future::join_all(acks));
         let mut failed = Vec::new();
         for (i, r) in pending.into_iter().zip(results) {
             match r {
