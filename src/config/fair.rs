@@ -36,6 +36,13 @@ pub struct FairConfig {
     /// every job above what the workers can start is a job a newly
     /// arriving tenant waits behind.
     pub backlog_target: u64,
+    /// The backlog aimed at also follows the workers' pace: at least what
+    /// the worker group finishes in `backlog_time` (measured over the last
+    /// half second), so that fast workers are not held to `backlog_target`
+    /// per poll round trip, while a newly arriving tenant still waits
+    /// behind about this much work. `0s`: `backlog_target` only.
+    #[serde(with = "humantime_serde")]
+    pub backlog_time: Duration,
     /// How often the scheduler reads the worker group's committed offsets.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -49,6 +56,7 @@ impl Default for FairConfig {
             weights: BTreeMap::new(),
             half_life: Duration::from_secs(60),
             backlog_target: 1000,
+            backlog_time: Duration::from_millis(500),
             poll_interval: Duration::from_millis(100),
         }
     }
@@ -80,6 +88,9 @@ impl FairConfig {
         }
         if self.backlog_target == 0 {
             return invalid("fair.backlog_target", "must be at least 1".into());
+        }
+        if self.backlog_time > Duration::from_secs(60) {
+            return invalid("fair.backlog_time", "must be at most 60s".into());
         }
         if self.poll_interval < Duration::from_millis(10) || self.poll_interval > Duration::from_secs(60) {
             return invalid("fair.poll_interval", "must be between 10ms and 60s".into());

@@ -163,6 +163,10 @@ fn fair_topics_must_be_work_topics_with_positive_weights() {
     c.fair.backlog_target = 0;
     assert_eq!(key_of(&c), Some("fair.backlog_target"));
     c.fair.backlog_target = 10;
+    c.fair.backlog_time = std::time::Duration::from_secs(61);
+    assert_eq!(key_of(&c), Some("fair.backlog_time"));
+    c.fair.backlog_time = std::time::Duration::ZERO;
+    assert_eq!(key_of(&c), None);
     c.fair.poll_interval = std::time::Duration::from_millis(1);
     assert_eq!(key_of(&c), Some("fair.poll_interval"));
     // A weights table in TOML.

@@ -81,7 +81,7 @@ pub(super) async fn show(
         out.insert(tenant, (w.len(), p50, max));
     }
     println!(
-        "           (the scheduler keeps the workers' backlog near [fair] backlog_target and picks the tenant\n           \
+        "           (the scheduler keeps the workers' backlog near what they finish in [fair] backlog_time and picks the tenant\n           \
          with the least recent use: `quiet` does not wait behind `flood`'s jobs)"
     );
     Ok(out)

@@ -9,7 +9,16 @@
 //! those may not be in the end offsets yet. A job counted twice (released
 //! just before a read that already sees it) only holds the next release
 //! back until the next read.
+//!
+//! The target follows the workers' pace: at least what the group finished
+//! in `[fair] backlog_time`, measured from the same reads (the committed
+//! offsets' progress over the last half second). With the target fixed, a
+//! group able to run 50,000 jobs/s would get `backlog_target` jobs per
+//! read-and-commit round trip (about 200 ms) and idle the rest; with it
+//! following the pace, the backlog is about `backlog_time` of work, which
+//! is also about how long a newly arriving tenant waits behind it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,6 +38,37 @@ struct Topic {
     /// The last read: the group's lag, and `released` when the read began.
     /// `None` until the first read succeeds.
     read: Mutex<Option<(i64, u64)>>,
+    /// Jobs per second the worker group finished lately (0 until measured).
+    pace: AtomicU64,
+}
+
+/// How far back the workers' pace is measured: a few of their commits.
+const PACE_OVER: Duration = Duration::from_millis(500);
+
+/// The worker group's progress on one topic, read after read: jobs
+/// finished (committed) per second over the last [`PACE_OVER`].
+#[derive(Default)]
+struct Pace {
+    /// (when, jobs finished in all) of the reads in the last `PACE_OVER`,
+    /// and the one before them.
+    reads: VecDeque<(Instant, i64)>,
+}
+
+impl Pace {
+    /// A read at `at` found `done` jobs finished in all; returns the pace.
+    fn read(&mut self, at: Instant, done: i64) -> u64 {
+        self.reads.push_back((at, done));
+        while self.reads.len() > 2 && at.saturating_duration_since(self.reads[1].0) >= PACE_OVER {
+            self.reads.pop_front();
+        }
+        let (t0, d0) = self.reads[0];
+        let span = at.saturating_duration_since(t0).as_secs_f64();
+        if span <= 0.0 {
+            return 0;
+        }
+        // Committed offsets can go back (a reset group): that is no pace.
+        ((done - d0).max(0) as f64 / span) as u64
+    }
 }
 
 /// Per fair topic, what was released and what the workers have not finished.
@@ -51,13 +91,30 @@ impl Backlog {
         }
     }
 
-    /// Jobs of each fair topic that may be released now to keep its
-    /// backlog at `target` (none before the first read).
-    pub(super) fn allowance(&self, target: u64) -> HashMap<String, usize> {
+    /// Jobs of each fair topic that may be released now (none before the
+    /// first read): the topic's target ([`Backlog::targets`]) times `share`
+    /// (of an instance that owns part of the schedule partitions), less the
+    /// backlog.
+    pub(super) fn allowance(&self, floor: u64, time: Duration, share: f64) -> HashMap<String, usize> {
         self.topics
             .iter()
-            .map(|(name, t)| (name.clone(), t.allowance(target)))
+            .map(|(name, t)| {
+                let target = (t.target(floor, time) as f64 * share).ceil() as u64;
+                (name.clone(), t.allowance(target))
+            })
             .collect()
+    }
+
+    /// Each fair topic's backlog target: `floor`, or what the workers
+    /// finish in `time` at their recent pace when that is more.
+    pub(super) fn targets(&self, floor: u64, time: Duration) -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = self
+            .topics
+            .iter()
+            .map(|(name, t)| (name.clone(), t.target(floor, time) as i64))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Each fair topic's backlog as last counted.
@@ -95,6 +152,11 @@ impl Topic {
         })
     }
 
+    fn target(&self, floor: u64, time: Duration) -> u64 {
+        let paced = self.pace.load(Ordering::Relaxed) as f64 * time.as_secs_f64();
+        floor.max(paced as u64)
+    }
+
     fn allowance(&self, target: u64) -> usize {
         match self.backlog() {
             Some(b) => (target as i64).saturating_sub(b).max(0) as usize,
@@ -124,14 +186,17 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
     };
     let mut partitions: HashMap<String, (Vec<i32>, Instant)> = HashMap::default();
     let mut failing_since: Option<Instant> = None;
+    let mut paces: HashMap<&str, Pace> = HashMap::default();
     while !shared.stop.is_cancelled() {
         let started = Instant::now();
         let mut failed = false;
         for (name, t) in &backlog.topics {
             let released_then = t.released.load(Ordering::Relaxed);
             match read_lag(&consumer, name, &mut partitions, timeout) {
-                Ok(lag) => {
+                Ok((lag, ends)) => {
                     *t.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((lag, released_then));
+                    let pace = paces.entry(name).or_default().read(Instant::now(), ends - lag);
+                    t.pace.store(pace, Ordering::Relaxed);
                 }
                 Err(e) => {
                     failed = true;
@@ -154,14 +219,15 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
     }
 }
 
-/// The group's lag on `topic` (0 when the topic does not exist: nothing
-/// waits there). Partition lists are looked up again every 30 s.
+/// The group's lag on `topic` and the sum of its end offsets (both 0 when
+/// the topic does not exist: nothing waits there). Partition lists are
+/// looked up again every 30 s.
 fn read_lag(
     consumer: &BaseConsumer,
     topic: &str,
     partitions: &mut HashMap<String, (Vec<i32>, Instant)>,
     timeout: Duration,
-) -> Result<i64, rdkafka::error::KafkaError> {
+) -> Result<(i64, i64), rdkafka::error::KafkaError> {
     let fresh = partitions
         .get(topic)
         .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(30));
@@ -172,8 +238,53 @@ fn read_lag(
     }
     let parts = &partitions[topic].0;
     if parts.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let ends = overview::watermarks(consumer, topic, parts, timeout)?;
-    overview::group_lag(consumer, topic, &ends, timeout)
+    let lag = overview::group_lag(consumer, topic, &ends, timeout)?;
+    Ok((lag, ends.iter().map(|(_, (_, high))| high).sum()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pace_is_what_was_finished_over_the_last_half_second() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut p = Pace::default();
+        assert_eq!(p.read(t0, 0), 0, "one read is no pace");
+        assert_eq!(p.read(ms(100), 1_000), 10_000);
+        assert_eq!(p.read(ms(200), 1_000), 5_000, "a read between two commits");
+        assert_eq!(p.read(ms(300), 3_000), 10_000);
+        // Reads older than half a second drop out: the pace follows a slowdown.
+        for i in 4..=10 {
+            p.read(ms(i * 100), 3_000 + (i as i64 - 3) * 100);
+        }
+        assert_eq!(p.read(ms(1_100), 3_800), 1_000);
+        assert!(p.reads.len() <= 7, "{} reads kept", p.reads.len());
+        // A group reset (offsets back) is no pace, not a negative one.
+        let mut p = Pace::default();
+        p.read(t0, 5_000);
+        assert_eq!(p.read(ms(100), 0), 0);
+    }
+
+    #[test]
+    fn the_target_is_the_floor_or_the_pace_over_the_backlog_time() {
+        let b = Backlog::new(&["t".to_string()]);
+        let t = &b.topics["t"];
+        let half = Duration::from_millis(500);
+        assert_eq!(b.targets(1_000, half), vec![("t".to_string(), 1_000)]);
+        t.pace.store(40_000, Ordering::Relaxed);
+        assert_eq!(b.targets(1_000, half), vec![("t".to_string(), 20_000)]);
+        assert_eq!(b.targets(1_000, Duration::ZERO), vec![("t".to_string(), 1_000)]);
+        // No read yet: nothing may be released.
+        assert_eq!(b.allowance(1_000, half, 1.0)["t"], 0);
+        *t.read.lock().unwrap() = Some((5_000, 0));
+        b.released("t", 1_000);
+        assert_eq!(b.allowance(1_000, half, 1.0)["t"], 14_000);
+        // An instance owning a third of the schedule partitions.
+        assert_eq!(b.allowance(1_000, half, 1.0 / 3.0)["t"], 667);
+    }
 }

@@ -204,16 +204,19 @@ impl Round {
 }
 
 /// Jobs of each fair topic this instance may release now: its share of
-/// `[fair] backlog_target` (by the schedule partitions it owns) less the
+/// the topic's backlog target (by the schedule partitions it owns) less the
 /// topic's backlog.
 fn fair_allowance(shared: &Shared) -> HashMap<String, usize> {
-    if shared.cfg.fair.topics.is_empty() {
+    let fair = &shared.cfg.fair;
+    if fair.topics.is_empty() {
         return HashMap::default();
     }
     let owned = shared.wheel().partitions().len() as u64;
     let total = (shared.cfg.topics.schedule_partitions.max(1) as u64).max(owned);
-    let target = (shared.cfg.fair.backlog_target * owned).div_ceil(total);
-    shared.backlog.allowance(target)
+    let share = owned as f64 / total as f64;
+    shared
+        .backlog
+        .allowance(fair.backlog_target, fair.backlog_time, share)
 }
 
 /// About how many fired jobs may wait for the finisher (four of its rounds).

@@ -198,6 +198,16 @@ impl Source for SchedulerHandle {
             "topic",
             self.shared.backlog.current(),
         )
+        .gauge_by(
+            "kairos_scheduler_fair_backlog_target",
+            "Per fair topic, the backlog aimed at: [fair] backlog_target, or what the workers \
+                 finished in [fair] backlog_time at their recent pace when that is more.",
+            "topic",
+            self.shared.backlog.targets(
+                self.shared.cfg.fair.backlog_target,
+                self.shared.cfg.fair.backlog_time,
+            ),
+        )
         .counter_by(
             "kairos_scheduler_fair_released",
             "Per fair topic, jobs released in fair order.",
