@@ -364,8 +364,9 @@ async fn a_tenant_that_just_ran_a_burst_yields_to_a_newcomer_then_shares_equally
             .find(|s| s.tenant == "newcomer")
             .map(|s| s.at)
     });
-    // Jobs of the burst already released (the backlog target) start first.
-    let settle = Duration::from_millis(500);
+    // Jobs of the burst already released (the backlog: about
+    // `backlog_time` of work, or `backlog_target` jobs) start first.
+    let settle = cfg.fair.backlog_time + Duration::from_millis(500);
     let yields = (b0 + settle, b0 + settle + Duration::from_secs(1));
     let equal = (b0 + HALF_LIFE * 2, b0 + HALF_LIFE * 2 + Duration::from_secs(3));
     wait_for("the measuring to end", Duration::from_secs(60), || {
