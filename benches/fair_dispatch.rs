@@ -74,10 +74,12 @@
 //! VmRSS (it holds every record in memory: 10M jobs take some GiB).
 //!
 //! `KAIROS_BENCH_TIMEOUT_SECS` (3600) bounds every wait.
-//! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000),
-//! a diagnostic: the fair topic's release rate is about that many jobs per
-//! round trip of the workers' commits (every 100 ms) and the scheduler's
-//! reads of them (`poll_interval`); the targets are judged on the shipped value.
+//! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
+//! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as
+//! diagnostics: with `backlog_time` 0 the fair topic's release rate is about
+//! `backlog_target` jobs per round trip of the workers' commits (every
+//! 100 ms) and the scheduler's reads of them (`poll_interval`); the targets
+//! are judged on the shipped values.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -179,6 +181,9 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     }
     if let Ok(Ok(target)) = std::env::var("KAIROS_BENCH_BACKLOG_TARGET").map(|v| v.parse()) {
         cfg.fair.backlog_target = target;
+    }
+    if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS").map(|v| v.parse()) {
+        cfg.fair.backlog_time = Duration::from_millis(ms);
     }
     let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).to_string();
     cfg.kafka
@@ -1087,9 +1092,12 @@ fn main() {
     );
     let rt = runtime();
     println!(
-        "fair_dispatch: nisshi broker, {} cores, 3 schedule / 3 work partitions, [fair] backlog_target {}",
+        "fair_dispatch: nisshi broker, {} cores, 3 schedule / 3 work partitions, [fair] backlog_target {}, backlog_time {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::env::var("KAIROS_BENCH_BACKLOG_TARGET").unwrap_or_else(|_| "1000 (shipped)".into())
+        std::env::var("KAIROS_BENCH_BACKLOG_TARGET").unwrap_or_else(|_| "1000 (shipped)".into()),
+        std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS")
+            .map(|ms| format!("{ms} ms"))
+            .unwrap_or_else(|_| "300 ms (shipped)".into())
     );
     let mut summary = Vec::new();
     let t = Instant::now();
