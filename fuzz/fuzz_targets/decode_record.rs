@@ -171,6 +171,16 @@ fn check_decode(view: &RecordView<'_>, context: Context, limits: &Limits) {
                 "a decoded reschedule, encoded again, decodes differently: {rec:?}"
             );
         }
+        Command::Release { key, id } => {
+            assert!(!key.is_empty(), "a release without a key decoded");
+            assert_eq!(context, Context::Work, "a release decoded off a work topic");
+            let rec = wire::encode_release(key, *id, "kairos.jobs");
+            assert_eq!(
+                wire::decode(&view_of(&rec), Context::Work, limits),
+                Ok(command.clone()),
+                "a decoded release, encoded again, decodes differently: {rec:?}"
+            );
+        }
     }
 }
 
