@@ -73,6 +73,7 @@ pub struct Broker {
 impl Broker {
     /// Start an in-memory broker on a free port and wait until it answers.
     pub fn start() -> Broker {
+        log_if_asked();
         Self::start_with(Storage::Memory, free_port())
     }
 
@@ -209,6 +210,18 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// The logs of the services this test process runs, on stderr, when
+/// `KAIROS_TEST_LOG` names a filter (as `RUST_LOG` does:
+/// `KAIROS_TEST_LOG=info,kairos::scheduler=debug`); set up once.
+pub fn log_if_asked() {
+    if let Ok(filter) = std::env::var("KAIROS_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }
 
 /// A name unique within this test run: prefix, process id and a counter.
