@@ -186,16 +186,22 @@ impl Broker {
         let mut cfg = Config::default();
         cfg.kafka.brokers = self.bootstrap();
         cfg.kafka.produce_timeout = Duration::from_secs(10);
-        let p = unique("t");
-        cfg.topics.schedule = format!("{p}.schedule");
-        cfg.topics.changelog = format!("{p}.changelog");
-        cfg.topics.dead_letter = format!("{p}.dead");
-        cfg.topics.held = format!("{p}.held");
-        cfg.topics.work = vec![format!("{p}.jobs")];
-        cfg.topics.schedule_partitions = 3;
-        cfg.topics.work_partitions = 3;
+        fresh_topics(&mut cfg);
         cfg
     }
+}
+
+/// Topic names of their own for `cfg` (one work topic), 3 schedule and 3
+/// work partitions.
+pub fn fresh_topics(cfg: &mut Config) {
+    let p = unique("t");
+    cfg.topics.schedule = format!("{p}.schedule");
+    cfg.topics.changelog = format!("{p}.changelog");
+    cfg.topics.dead_letter = format!("{p}.dead");
+    cfg.topics.held = format!("{p}.held");
+    cfg.topics.work = vec![format!("{p}.jobs")];
+    cfg.topics.schedule_partitions = 3;
+    cfg.topics.work_partitions = 3;
 }
 
 impl Drop for Broker {

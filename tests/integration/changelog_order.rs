@@ -66,14 +66,7 @@ async fn a_retry_put_while_its_job_was_being_fired_survives_a_rebuild() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::default();
     cfg.kafka.brokers = cluster.bootstrap_servers();
-    let p = unique("t");
-    cfg.topics.schedule = format!("{p}.schedule");
-    cfg.topics.changelog = format!("{p}.changelog");
-    cfg.topics.dead_letter = format!("{p}.dead");
-    cfg.topics.held = format!("{p}.held");
-    cfg.topics.work = vec![format!("{p}.jobs")];
-    cfg.topics.schedule_partitions = 3;
-    cfg.topics.work_partitions = 3;
+    crate::common::fresh_topics(&mut cfg);
     cfg.scheduler.data_dir = dir.path().join("a");
     cfg.scheduler.group_id = unique("sched");
     // Jobs a few seconds out are stored, not held in memory.
