@@ -191,6 +191,20 @@ pub async fn enqueue(
     enqueue_record(producer, fr).await
 }
 
+/// [`enqueue`] each of `records` (with its pinned partition, if any) in
+/// turn, so that they keep their order per partition; returns the futures
+/// of their acknowledgements, in the same order.
+pub async fn enqueue_all(
+    producer: &FutureProducer,
+    records: &[(&OwnedRecord, Option<i32>)],
+) -> Vec<impl std::future::Future<Output = Result<Delivery, KafkaError>> + Send + 'static> {
+    let mut acks = Vec::with_capacity(records.len());
+    for (rec, partition) in records {
+        acks.push(enqueue(producer, rec, *partition).await);
+    }
+    acks
+}
+
 /// [`enqueue`] for a job fired to its work topic, built straight from the
 /// job (no intermediate [`OwnedRecord`]: the scheduler's hot path).
 pub async fn enqueue_job(

@@ -179,10 +179,8 @@ pub(super) async fn finish_fire(
         .iter()
         .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
         .collect();
-    let mut acks = Vec::with_capacity(sent.len());
-    for (p, r) in &sent {
-        acks.push(kafka::enqueue(&shared.producer, r, Some(*p)).await);
-    }
+    let pinned: Vec<_> = sent.iter().map(|(p, r)| (*r, Some(*p))).collect();
+    let acks = kafka::enqueue_all(&shared.producer, &pinned).await;
     drop(order);
     let results = futures::future::join_all(acks).await;
     let acks = results.into_iter().map(|r| r.map(|d| d.offset));

@@ -100,15 +100,10 @@ pub(super) fn send_all_retrying(
         // Handed to librdkafka under the changelog order lock, so that the
         // finisher's tombstones and these records keep one order (see
         // `finish`); acknowledged without it.
+        let sends: Vec<_> = pending.iter().map(|i| (records[*i].1, records[*i].0)).collect();
         let acks = {
             let _order = shared.changelog_order.blocking_lock();
-            futures::executor::block_on(async {
-                let mut acks = Vec::with_capacity(pending.len());
-                for i in &pending {
-                    acks.push(kafka::enqueue(&shared.producer, records[*i].1, records[*i].0).await);
-                }
-                acks
-            })
+            futures::executor::block_on(kafka::enqueue_all(&shared.producer, &sends))
         };
         let results = futures::executor::block_on(futures::future::join_all(acks));
         let mut failed = Vec::new();

@@ -123,10 +123,8 @@ async fn write_round(shared: &Shared, round: &[Request]) -> bool {
         if records.is_empty() {
             return false;
         }
-        let mut acks = Vec::with_capacity(records.len());
-        for (rec, partition) in &records {
-            acks.push(kafka::enqueue(&shared.raw, rec, *partition).await);
-        }
+        let sends: Vec<_> = records.iter().map(|(rec, p)| (rec, *p)).collect();
+        let acks = kafka::enqueue_all(&shared.raw, &sends).await;
         let failed = futures::future::join_all(acks)
             .await
             .into_iter()
