@@ -162,11 +162,18 @@ async fn write_small(producer: &Producer, topic: &str) -> HashMap<(String, u64),
 
 /// The longest wait from write to first start of the small tenants' jobs.
 fn longest_wait(starts: &[Start], written: &HashMap<(String, u64), Instant>) -> Duration {
-    waits(starts, written).into_iter().max().unwrap_or_default()
+    waits(starts, written)
+        .into_iter()
+        .map(|(_, w)| w)
+        .max()
+        .unwrap_or_default()
 }
 
-/// Each small-tenant job's wait from write to first start.
-fn waits(starts: &[Start], written: &HashMap<(String, u64), Instant>) -> Vec<Duration> {
+/// Each small-tenant job (key, position) with its wait from write to first start.
+fn waits<'w>(
+    starts: &[Start],
+    written: &'w HashMap<(String, u64), Instant>,
+) -> Vec<(&'w (String, u64), Duration)> {
     let mut first: HashMap<(&str, u64), Instant> = HashMap::new();
     for s in starts {
         let at = first.entry((s.key.as_str(), s.seq)).or_insert(s.at);
@@ -174,11 +181,12 @@ fn waits(starts: &[Start], written: &HashMap<(String, u64), Instant>) -> Vec<Dur
     }
     written
         .iter()
-        .map(|((key, seq), at)| {
+        .map(|(job, at)| {
+            let (key, seq) = job;
             let started = first
                 .get(&(key.as_str(), *seq))
                 .unwrap_or_else(|| panic!("{key} #{seq} never started"));
-            started.saturating_duration_since(*at)
+            (job, started.saturating_duration_since(*at))
         })
         .collect()
 }
@@ -216,16 +224,11 @@ async fn a_flooding_tenant_does_not_hold_back_the_others_on_a_fair_topic_but_doe
     sys.stop().await;
     let fair_starts = starts.lock().unwrap().clone();
     let fair_wait = longest_wait(&fair_starts, &written);
-    let by_round: Vec<u128> = (0..SMALL_JOBS as u64)
-        .map(|i| {
-            let round: HashMap<_, _> = written
-                .iter()
-                .filter(|((_, seq), _)| *seq == i)
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
-            longest_wait(&fair_starts, &round).as_millis()
-        })
-        .collect();
+    let mut by_round = vec![0u128; SMALL_JOBS];
+    for ((_, seq), w) in waits(&fair_starts, &written) {
+        let round = &mut by_round[*seq as usize];
+        *round = (*round).max(w.as_millis());
+    }
     println!("fair topic: longest wait of each round of small-tenant jobs, ms: {by_round:?}");
     assert_all_started_in_key_order(&fair_starts, &[("flood", FLOOD)]);
     for t in 0..SMALL_TENANTS {
@@ -631,12 +634,11 @@ async fn every_tenant_is_served_while_schedule_partitions_move_between_two_sched
     a.await.unwrap();
     workers.stop().await;
     let s = starts.lock().unwrap().clone();
-    let wait = longest_wait(&s, &written);
-    let mut by_wait: Vec<(Duration, &(String, u64))> =
-        waits(&s, &written).into_iter().zip(written.keys()).collect();
-    by_wait.sort();
+    let mut by_wait = waits(&s, &written);
+    by_wait.sort_by_key(|(_, w)| *w);
+    let wait = by_wait.last().map(|(_, w)| *w).unwrap_or_default();
     println!(
-        "longest waits (key, job): {:?}",
+        "longest waits ((key, job), wait): {:?}",
         &by_wait[by_wait.len().saturating_sub(3)..]
     );
     let flood_left_at_end = FLOOD_JOBS.saturating_sub(
