@@ -167,6 +167,12 @@ impl TenantOrder {
         }
     }
 
+    /// Whether `tenant` is known to have jobs of `class` waiting.
+    pub fn is_waiting(&self, tenant: &str, class: usize) -> bool {
+        let bit = 1u8 << class.min(PRIORITY_CLASSES - 1);
+        self.tenants.get(tenant).is_some_and(|t| t.waiting & bit != 0)
+    }
+
     /// The tenant and class to release from next, if any waits: the
     /// highest class waiting (or a lower one the guard says is due), and in
     /// it the tenant with the least recent service per weight.

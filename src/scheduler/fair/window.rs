@@ -20,7 +20,6 @@
 //! (the store's `scan_due`), called under the caller's lock with bounded
 //! reads.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::hash::{HashMap, HashSet};
@@ -51,42 +50,6 @@ pub type Released = Vec<(DueKey, StoredJob)>;
 /// stored: a job put again under the same id meanwhile (a worker's retry)
 /// is another entry, not in flight.
 pub type InFlight = HashSet<DueKey>;
-
-/// One lane's jobs in one partition.
-#[derive(Debug, Default)]
-pub(super) struct PartLane {
-    pub(super) jobs: BTreeMap<DueKey, StoredJob>,
-    /// Fair jobs of this lane at or after this key may be in the store and
-    /// not here (`None`: every one up to the cursor is here or in flight).
-    pub(super) missing_from: Option<DueKey>,
-}
-
-impl PartLane {
-    fn is_waiting(&self) -> bool {
-        !self.jobs.is_empty() || self.missing_from.is_some()
-    }
-
-    /// The lane's next job, if it is known without reading the store.
-    fn next(&self) -> Option<&DueKey> {
-        let k = self.jobs.keys().next()?;
-        match &self.missing_from {
-            Some(m) if m < k => None,
-            _ => Some(k),
-        }
-    }
-}
-
-/// One tenant's jobs of one class on one topic.
-#[derive(Debug, Default)]
-struct Lane {
-    parts: BTreeMap<i32, PartLane>,
-}
-
-impl Lane {
-    fn is_waiting(&self) -> bool {
-        self.parts.values().any(PartLane::is_waiting)
-    }
-}
 
 /// Which lane a job belongs to: (tenant, class).
 type LaneId = (Arc<str>, usize);
@@ -165,7 +128,7 @@ impl FairWindow {
         self.index.retain(|k, _| k.partition != partition);
         for topic in self.topics.values_mut() {
             topic.lanes.retain(|(tenant, class), lane| {
-                lane.parts.remove(&partition);
+                lane.remove_part(partition);
                 let waiting = lane.is_waiting();
                 if !waiting {
                     topic.order.set_waiting(tenant, *class, false);
@@ -221,7 +184,7 @@ impl FairWindow {
             return;
         };
         if let Some(lane) = t.lanes.get_mut(&lane_id) {
-            if let Some(pl) = lane.parts.get_mut(&k.partition) {
+            if let Some(pl) = lane.part_mut(k.partition) {
                 pl.jobs.remove(k);
             }
             settle(t, &lane_id);
@@ -287,6 +250,8 @@ impl FairWindow {
             };
             self.cursors.insert(p, next);
         }
+        #[cfg(debug_assertions)]
+        self.check();
         Ok(out)
     }
 
@@ -312,7 +277,7 @@ impl FairWindow {
             let next = self.next_of(topic, &lane_id, in_flight, read)?;
             let t = self.topics.get_mut(topic).expect("picked from this topic");
             let taken = next.and_then(|k| {
-                let pl = t.lanes.get_mut(&lane_id)?.parts.get_mut(&k.partition)?;
+                let pl = t.lanes.get_mut(&lane_id)?.part_mut(k.partition)?;
                 let id = pl.jobs.get(&k)?.job.id;
                 if changing(k.partition, &id) {
                     return None;
@@ -342,7 +307,34 @@ impl FairWindow {
                 }
             }
         }
+        #[cfg(debug_assertions)]
+        self.check();
         Ok(out)
+    }
+
+    /// Debug builds: the lanes, the order and the index agree. A lane the
+    /// order does not know is waiting is never released again.
+    #[cfg(debug_assertions)]
+    fn check(&self) {
+        let mut buffered = 0;
+        for (name, t) in &self.topics {
+            for ((tenant, class), lane) in &t.lanes {
+                assert!(
+                    lane.is_waiting(),
+                    "fair topic {name}: the lane of tenant {tenant:?}, class {class} is kept with nothing waiting"
+                );
+                assert!(
+                    t.order.is_waiting(tenant, *class),
+                    "fair topic {name}: tenant {tenant:?}, class {class} has jobs waiting that its order does not know of"
+                );
+                buffered += lane.buffered();
+            }
+        }
+        assert_eq!(
+            buffered,
+            self.index.len(),
+            "fair jobs buffered and their index disagree"
+        );
     }
 
     /// Hand a due fair job to its lane: buffered when the lane is complete
@@ -356,10 +348,10 @@ impl FairWindow {
         let class = job.job.priority.class();
         let lane_id = (tenant, class);
         let lane = t.lanes.entry(lane_id.clone()).or_default();
-        let pl = lane.parts.entry(k.partition).or_default();
+        let pl = lane.part_or_default(k.partition);
         let fits = room && pl.jobs.len() < LANE_JOBS && pl.missing_from.is_none_or(|m| k < m);
         if fits {
-            if pl.jobs.insert(k, job).is_none() {
+            if pl.jobs.insert(k, job) {
                 self.index.insert(k, (t.name.clone(), lane_id.clone()));
             }
         } else {
@@ -379,7 +371,10 @@ fn settle(t: &mut Topic, lane_id: &LaneId) {
 }
 
 mod early;
+mod lane;
 mod refill;
+
+use lane::{Lane, PartLane};
 
 #[cfg(test)]
 mod tests;

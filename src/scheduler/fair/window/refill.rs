@@ -14,7 +14,7 @@ impl FairWindow {
         read: &mut Reader<'_>,
     ) -> Result<Option<DueKey>, StoreError> {
         let parts: Vec<i32> = match self.topics.get(topic).and_then(|t| t.lanes.get(lane_id)) {
-            Some(lane) => lane.parts.keys().copied().collect(),
+            Some(lane) => lane.partitions(),
             None => return Ok(None),
         };
         let mut best: Option<DueKey> = None;
@@ -42,7 +42,7 @@ impl FairWindow {
     }
 
     fn part_lane(&self, topic: &str, lane_id: &LaneId, p: i32) -> Option<&PartLane> {
-        self.topics.get(topic)?.lanes.get(lane_id)?.parts.get(&p)
+        self.topics.get(topic)?.lanes.get(lane_id)?.part(p)
     }
 
     /// Read a lane's jobs of partition `p` from where it is missing from,
@@ -59,7 +59,7 @@ impl FairWindow {
         let Some(t) = self.topics.get_mut(topic) else {
             return Ok(());
         };
-        let Some(pl) = t.lanes.get_mut(lane_id).and_then(|l| l.parts.get_mut(&p)) else {
+        let Some(pl) = t.lanes.get_mut(lane_id).and_then(|l| l.part_mut(p)) else {
             return Ok(());
         };
         let (Some(from), Some(cursor)) = (pl.missing_from, cursor) else {
@@ -82,7 +82,7 @@ impl FairWindow {
                 let ours = j.topic == topic
                     && j.priority.class() == lane_id.1
                     && j.tenant.as_deref().unwrap_or("") == &*lane_id.0;
-                if !ours || in_flight.contains(&k) || pl.jobs.contains_key(&k) {
+                if !ours || in_flight.contains(&k) || pl.jobs.contains(&k) {
                     continue;
                 }
                 // At least one job, so a full buffer never stalls a lane.
