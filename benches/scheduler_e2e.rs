@@ -10,6 +10,7 @@
 //! KAIROS_BENCH_ONLY=throughput cargo bench --bench scheduler_e2e   # or `lateness`
 //! KAIROS_BENCH_ONLY=drain cargo bench --bench scheduler_e2e        # raw, drain and durable rounds only
 //! KAIROS_BENCH_LEAD_SECS=30 cargo bench --bench scheduler_e2e      # durable round: run-at 30 s after the first write
+//! KAIROS_BENCH_FETCH_WAIT_MS=2 cargo bench --bench scheduler_e2e    # the scheduler's fetch.wait.max.ms (10)
 //! ```
 //!
 //! **(a) Throughput.** N past-due jobs (36-char key, 100-byte payload,
@@ -400,8 +401,12 @@ fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
     // steady stream) rather than as soon as data arrives, as Kafka does; the
     // readers here wait at most 10 ms, and so does the scheduler's consumer.
     // The scheduler reads its partitions up to a job's run-at before firing
-    // it, so its read delay is part of the fire time.
-    cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "10".into());
+    // it, so its read delay is part of the fire time
+    // (`KAIROS_BENCH_FETCH_WAIT_MS` sets the scheduler's wait).
+    let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).max(1);
+    cfg.kafka
+        .consumer
+        .insert("fetch.wait.max.ms".into(), wait.to_string().as_str().into());
     cfg.scheduler.admin.listen = Some("127.0.0.1:0".parse().expect("address"));
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
     cfg

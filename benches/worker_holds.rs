@@ -238,6 +238,15 @@ fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         println!("  {held} keys held in {:.2?}", t.elapsed());
+        // Read as the idle side is: 2 s after the state is reached (the
+        // retries and hold records just written are acknowledged and
+        // freed meanwhile; the holds stay).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            h.stats().held_keys >= held as usize,
+            "keys let go: {:?}",
+            h.stats()
+        );
         let busy = support::mem();
         stop.cancel();
         task.await.expect("worker");
