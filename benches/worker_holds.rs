@@ -193,27 +193,24 @@ fn compare(rt: &tokio::runtime::Runtime, broker: &Broker, n: u64, failing: bool)
     (best[1], best[0])
 }
 
-fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64) {
-    // The baseline: a worker that ran as many jobs, each succeeding, then
-    // idles (its consumer's buffers and the allocator warmed up alike).
-    {
-        let dir = support::bench_dir("kairos-bench-holds");
-        let cfg = config(broker, dir.path(), true);
-        rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
-        fill(&cfg, &cfg.topics.work[0], held, held);
-        rt.block_on(run(&cfg, false, false, |h| h.stats().succeeded >= held));
-    }
+/// RSS (MiB) of a worker process side: idle, then with `held` jobs over
+/// `held` keys written and each settled (`hold`: each fails and holds its
+/// key; else each succeeds), each read 2 s after its state is reached.
+fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bool) -> (f64, f64) {
     let dir = support::bench_dir("kairos-bench-holds");
     let mut cfg = config(broker, dir.path(), true);
     cfg.worker.max_held_keys = held as usize + 1;
     rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
-    // Idle: the worker joined and owns its partitions, nothing to do.
-    let idle = rt.block_on(async {
+    let (idle, busy) = rt.block_on(async {
         let stop = CancellationToken::new();
         let worker = Worker::builder(&cfg)
             .concurrency(CONCURRENCY)
-            .build(|_job: Job, _ctx: JobContext| async {
-                Outcome::retry_after(Duration::from_secs(3600), "held for the bench")
+            .build(move |_job: Job, _ctx: JobContext| async move {
+                if hold {
+                    Outcome::retry_after(Duration::from_secs(3600), "held for the bench")
+                } else {
+                    Outcome::done()
+                }
             })
             .expect("worker");
         let h = worker.handle();
@@ -233,26 +230,52 @@ fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64
         let idle = support::mem();
         fill(&cfg, &cfg.topics.work[0], held, held);
         let t = Instant::now();
-        while h.stats().held_keys < held as usize {
-            assert!(t.elapsed() < TIMEOUT, "keys held: {:?}", h.stats());
+        let reached = |s: &kairos::worker::WorkerStats| {
+            if hold {
+                s.held_keys >= held as usize
+            } else {
+                s.succeeded >= held
+            }
+        };
+        while !reached(&h.stats()) {
+            assert!(t.elapsed() < TIMEOUT, "not settled: {:?}", h.stats());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        println!("  {held} keys held in {:.2?}", t.elapsed());
-        // Read as the idle side is: 2 s after the state is reached (the
-        // retries and hold records just written are acknowledged and
-        // freed meanwhile; the holds stay).
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(
-            h.stats().held_keys >= held as usize,
-            "keys let go: {:?}",
-            h.stats()
+        let at_once = support::mem();
+        println!(
+            "  {held} jobs {} in {:.2?}; RSS at once {:.1} MiB",
+            if hold { "held their keys" } else { "succeeded" },
+            t.elapsed(),
+            support::mib(at_once.rss)
         );
+        // The writes just made (retries, hold records) are acknowledged
+        // and freed meanwhile; the holds stay.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(reached(&h.stats()), "keys let go: {:?}", h.stats());
         let busy = support::mem();
         stop.cancel();
         task.await.expect("worker");
         (idle, busy)
     });
-    (support::mib(idle.0.rss), support::mib(idle.1.rss))
+    (support::mib(idle.rss), support::mib(busy.rss))
+}
+
+/// Worker RSS with `held` keys held against idle, and against the same
+/// jobs succeeding (what the burst of jobs costs without any hold).
+fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64) {
+    // First the same jobs succeeding: it also warms the process up (the
+    // consumer's buffers, the allocator) for the side measured.
+    let (ok_idle, ok_busy) = rss_around(rt, broker, held, false);
+    let (idle, busy) = rss_around(rt, broker, held, true);
+    let burst = ok_busy - ok_idle;
+    let holds = busy - idle;
+    println!(
+        "  the same jobs succeeding: {ok_busy:.1} MiB against {ok_idle:.1} MiB idle (+{burst:.1} MiB); \
+         holding costs {:.1} MiB more than that ({:.0} bytes a key)",
+        holds - burst,
+        (holds - burst) * support::MIB / held as f64
+    );
+    (idle, busy)
 }
 
 fn main() {
