@@ -23,9 +23,14 @@ mod metrics;
 mod offsets;
 mod pace;
 mod poll;
+mod stats;
+
+use stats::TopicCounts;
+use stats::{stats, Stats};
+pub use stats::{WorkerHandle, WorkerStats};
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -153,74 +158,6 @@ impl State {
             .running()
             .saturating_sub(self.paced.holding() + self.no_slot)
     }
-}
-
-/// Counters of what the worker did.
-#[derive(Default)]
-struct Stats {
-    started: AtomicU64,
-    succeeded: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    /// Jobs written again, same attempt, due later (rate limited, paced).
-    deferred: AtomicU64,
-    panicked: AtomicU64,
-    handed_to_scheduler: AtomicU64,
-    /// Jobs parked behind a held key (written to the scheduler).
-    parked: AtomicU64,
-    /// Keys not held because `max_held_keys` were.
-    hold_overflow: AtomicU64,
-    /// Keys released by an operator.
-    released: AtomicU64,
-    /// Start − run-at of each handler run.
-    start_delay: crate::admin::Histogram,
-    /// How long each handler run took.
-    duration: crate::admin::Histogram,
-    /// Per work topic (as `Shared::topics`): runs started and how they settled.
-    by_topic: Vec<TopicCounts>,
-    /// Partition assignments and revocations served.
-    assigned: AtomicU64,
-    revoked: AtomicU64,
-}
-
-/// One work topic's counters.
-#[derive(Default)]
-pub(super) struct TopicCounts {
-    started: AtomicU64,
-    succeeded: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    deferred: AtomicU64,
-    /// Runs that ended without settling (their partition was let go).
-    unsettled: AtomicU64,
-}
-
-/// A snapshot of the worker's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct WorkerStats {
-    /// Handler runs started.
-    pub started: u64,
-    /// Jobs done.
-    pub succeeded: u64,
-    /// Jobs sent back through the scheduler for another attempt.
-    pub retried: u64,
-    /// Records and jobs dead-lettered.
-    pub dead_lettered: u64,
-    /// Handler runs that panicked (each counted as a failed attempt).
-    pub panicked: u64,
-    /// Jobs read before their run-at and handed to the scheduler.
-    pub handed_to_scheduler: u64,
-    /// Jobs written again with the same attempt, due later (rate limited,
-    /// or paced further ahead than the worker waits in memory).
-    pub deferred: u64,
-    /// Jobs parked behind a held key.
-    pub parked: u64,
-    /// Keys held now.
-    pub held_keys: usize,
-    /// Partitions owned now.
-    pub owned: usize,
-    /// Jobs buffered or running now.
-    pub open: usize,
 }
 
 struct Shared {
@@ -460,37 +397,6 @@ impl WorkerBuilder {
                 cfg,
             }),
         })
-    }
-}
-
-/// Reads a running worker's counters.
-#[derive(Clone)]
-pub struct WorkerHandle {
-    shared: Arc<Shared>,
-}
-
-impl WorkerHandle {
-    /// The worker's counters now.
-    pub fn stats(&self) -> WorkerStats {
-        stats(&self.shared)
-    }
-}
-
-fn stats(shared: &Shared) -> WorkerStats {
-    let s = &shared.stats;
-    let st = shared.state();
-    WorkerStats {
-        started: s.started.load(Ordering::Relaxed),
-        succeeded: s.succeeded.load(Ordering::Relaxed),
-        retried: s.retried.load(Ordering::Relaxed),
-        dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
-        panicked: s.panicked.load(Ordering::Relaxed),
-        handed_to_scheduler: s.handed_to_scheduler.load(Ordering::Relaxed),
-        deferred: s.deferred.load(Ordering::Relaxed),
-        parked: s.parked.load(Ordering::Relaxed),
-        held_keys: st.holds.len(),
-        owned: st.owned.len(),
-        open: st.tracker.open(),
     }
 }
 

@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::*;
+use crate::job::Job;
 
 const P: i32 = 0;
 

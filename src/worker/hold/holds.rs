@@ -1,0 +1,392 @@
+//! The table of held keys and its decisions: which job runs, waits or is
+//! parked, and what each settlement changes (the types are the parent's).
+
+use super::{
+    Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER, WAIT_MS,
+};
+use crate::hash::HashMap;
+use crate::job::{Job, JobId};
+
+/// The held keys of the partitions a worker owns (see the module doc).
+#[derive(Debug)]
+pub struct Holds<P> {
+    /// Per partition, per key (looked up by borrowed key, no allocation).
+    keys: HashMap<P, HashMap<Box<[u8]>, Hold>>,
+    /// Keys held, over all partitions.
+    len: usize,
+    /// The same, readable without the lock this table is kept under.
+    shared_len: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    max: usize,
+}
+
+impl<P: Copy + Eq + std::hash::Hash> Default for Holds<P> {
+    fn default() -> Self {
+        Holds::new(usize::MAX)
+    }
+}
+
+impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
+    /// No key held; at most `max` at once.
+    pub fn new(max: usize) -> Self {
+        Holds {
+            keys: HashMap::default(),
+            len: 0,
+            shared_len: Default::default(),
+            max: max.max(1),
+        }
+    }
+
+    /// The number of keys held, kept up to date, readable without the lock
+    /// this table is kept under.
+    pub fn counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        self.shared_len.clone()
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len;
+        self.shared_len.store(len, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no key is held.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// When the longest-held key was held, ms.
+    pub fn oldest_ms(&self) -> Option<i64> {
+        self.keys
+            .values()
+            .flat_map(|m| m.values())
+            .map(|h| h.since_ms)
+            .min()
+    }
+
+    /// The hold of `key` in `partition`, mutable.
+    pub fn get_mut(&mut self, partition: P, key: &[u8]) -> Option<&mut Hold> {
+        self.keys.get_mut(&partition)?.get_mut(key)
+    }
+
+    /// The hold of `key` in `partition`, if any.
+    pub fn get(&self, partition: P, key: &[u8]) -> Option<&Hold> {
+        self.keys.get(&partition)?.get(key)
+    }
+
+    fn insert(&mut self, partition: P, key: &[u8], h: Hold) -> &mut Hold {
+        if self.get(partition, key).is_none() {
+            self.set_len(self.len + 1);
+        }
+        let part = self.keys.entry(partition).or_default();
+        part.entry(Box::from(key)).or_insert(h)
+    }
+
+    fn remove(&mut self, partition: P, key: &[u8]) {
+        if let Some(part) = self.keys.get_mut(&partition) {
+            let removed = part.remove(key).is_some();
+            if part.is_empty() {
+                self.keys.remove(&partition);
+            }
+            if removed {
+                self.set_len(self.len - 1);
+            }
+        }
+    }
+
+    /// A hold read back from the held topic (`None`: a tombstone).
+    pub fn load(&mut self, partition: P, key: &[u8], hold: Option<Hold>) {
+        self.remove(partition, key);
+        if let Some(h) = hold {
+            self.insert(partition, key, h.loaded());
+        }
+    }
+
+    /// Forget the holds of a partition let go (its next owner reads them).
+    pub fn drop_partition(&mut self, partition: P) {
+        if let Some(part) = self.keys.remove(&partition) {
+            self.set_len(self.len - part.len());
+        }
+    }
+
+    /// What to do with `job`, just read from `partition`, at `now_ms`.
+    pub fn admit(&mut self, partition: P, job: &Job, now_ms: i64) -> Admit {
+        if self.len == 0 {
+            return Admit::Run;
+        }
+        let Some(h) = self.get_mut(partition, &job.key) else {
+            return Admit::Run;
+        };
+        if h.released.as_deref() == Some(&job.id) {
+            return Admit::Released;
+        }
+        let blocker_out = match &mut h.blocker {
+            Some(b) if b.id == job.id => {
+                b.arrived = true;
+                return Admit::Run;
+            }
+            Some(b) => (!b.arrived).then_some(b.due_ms),
+            None => None,
+        };
+        let Some(seq) = job.parked else {
+            return if !h.holds() {
+                Admit::Run
+            } else if h.waiting > 0 || (blocker_out.is_none() && h.tail_at_ms <= now_ms + WAIT_MS) {
+                h.waiting += 1;
+                if h.wait_since_ms == NEVER {
+                    h.wait_since_ms = now_ms;
+                }
+                Admit::Wait
+            } else {
+                park_fresh(h, job)
+            };
+        };
+        if seq <= h.admitted_seq {
+            // Let in (or run) already: a duplicate.
+            return Admit::Run;
+        }
+        match blocker_out {
+            Some(due) if due >= now_ms - GIVE_UP_MS => {
+                return out_again(h, seq, due.max(now_ms + BACK_TOO_SOON_MS));
+            }
+            Some(_) => {
+                // Its next run seems lost: the key goes on without it.
+                if let Some(b) = h.blocker.take() {
+                    h.gave_up += 1;
+                    if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+                        h.done_seq = s;
+                        h.admitted_seq = h.admitted_seq.max(s);
+                    }
+                }
+            }
+            None => {}
+        }
+        if seq == h.admitted_seq + 1 {
+            h.admitted_seq = seq;
+            h.gap_since_ms = NEVER;
+            return Admit::Run;
+        }
+        // A job parked before it is still out.
+        if h.gap_since_ms == NEVER {
+            h.gap_since_ms = now_ms;
+        }
+        let since = h.gap_since_ms;
+        if now_ms - since >= GIVE_UP_MS {
+            h.gave_up += 1;
+            h.gap_since_ms = NEVER;
+            h.admitted_seq = seq;
+            return Admit::Run;
+        }
+        out_again(h, seq, now_ms + BACK_TOO_SOON_MS)
+    }
+
+    /// Whether `key`'s buffered jobs must leave the lock table: its blocker
+    /// is out, waiting for its next run.
+    pub fn parks_buffered(&self, partition: P, key: &[u8]) -> bool {
+        self.get(partition, key)
+            .and_then(|h| h.blocker.as_ref())
+            .is_some_and(|b| !b.arrived)
+    }
+
+    /// Park `job`, buffered behind its key's blocker when that failed (in
+    /// the lock table's order), keeping its park sequence if it has one:
+    /// its sequence and run-at (`None` when the key is not held). The
+    /// blocker's own next run, already read (a retry due at once goes
+    /// straight to the work topic), stays: `Run`.
+    pub fn park_buffered(&mut self, partition: P, job: &Job) -> Option<Admit> {
+        let h = self.get_mut(partition, &job.key)?;
+        let due = match &mut h.blocker {
+            Some(b) if b.id == job.id => {
+                b.arrived = true;
+                return Some(Admit::Run);
+            }
+            Some(b) => b.due_ms,
+            None => h.tail_at_ms,
+        };
+        Some(match job.parked {
+            Some(seq) => out_again(h, seq, due),
+            None => {
+                let at = job.run_at.timestamp_millis().max(due);
+                park_new(h, at)
+            }
+        })
+    }
+
+    /// Park the jobs that waited in memory for `key`'s parked jobs (its
+    /// blocker failed again, or too many wait), in their order, with new
+    /// sequences.
+    pub fn park_waiting(&mut self, partition: P, jobs: &[&Job]) -> Vec<Admit> {
+        let Some(h) = self.get_mut(partition, jobs.first().map_or(&[][..], |j| &j.key[..])) else {
+            return Vec::new();
+        };
+        h.waiting = 0;
+        h.wait_since_ms = NEVER;
+        jobs.iter().map(|j| park_fresh(h, j)).collect()
+    }
+
+    /// Keys whose jobs have waited in memory for [`GIVE_UP_MS`] (a parked
+    /// job of theirs did not come back): each gives up on what is missing
+    /// and goes on. Returns each such key with its change (`Let`: its
+    /// waiting jobs run now).
+    pub fn give_up_waiting(&mut self, now_ms: i64) -> Vec<(P, Box<[u8]>, Change)> {
+        let overdue: Vec<(P, Box<[u8]>)> = self
+            .keys
+            .iter()
+            .flat_map(|(p, m)| m.iter().map(move |(k, h)| (p, k, h)))
+            .filter(|(_, _, h)| h.wait_since_ms != NEVER && now_ms - h.wait_since_ms >= GIVE_UP_MS)
+            .map(|(p, k, _)| (*p, k.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for k in overdue {
+            let Some(h) = self.get_mut(k.0, &k.1) else {
+                continue;
+            };
+            h.gave_up += 1;
+            h.wait_since_ms = NEVER;
+            h.waiting = 0;
+            if h.blocker.as_ref().is_some_and(|b| b.arrived) {
+                // Its blocker is back and runs: only the parked jobs are given up.
+                h.done_seq = h.last_seq;
+                h.admitted_seq = h.last_seq;
+                out.push((k.0, k.1.clone(), Change::Put(h.clone())));
+                continue;
+            }
+            h.blocker = None;
+            h.done_seq = h.last_seq;
+            h.admitted_seq = h.last_seq;
+            let change = if h.released.is_none() {
+                self.remove(k.0, &k.1);
+                Change::Let
+            } else {
+                Change::Put(h.clone())
+            };
+            out.push((k.0, k.1, change));
+        }
+        out
+    }
+
+    /// `job`'s run is over and its outcome written: what changes for its key.
+    pub fn settled(&mut self, partition: P, job: &Job, how: Settlement, now_ms: i64) -> HoldUpdate {
+        match how {
+            Settlement::Again {
+                attempt,
+                due_ms,
+                cause,
+            } => {
+                if self.get(partition, &job.key).is_none() && self.len >= self.max {
+                    return HoldUpdate::Overflow;
+                }
+                let fresh = Hold {
+                    blocker: None,
+                    last_seq: 0,
+                    done_seq: 0,
+                    admitted_seq: 0,
+                    waiting: 0,
+                    sent_seq: 0,
+                    gap_since_ms: NEVER,
+                    wait_since_ms: NEVER,
+                    gave_up: 0,
+                    tail_at_ms: i64::MIN,
+                    since_ms: now_ms,
+                    released: None,
+                };
+                let h = self.insert(partition, &job.key, fresh);
+                if h.released.as_deref() == Some(&job.id) {
+                    // Released while it ran: its next run is dead-lettered.
+                    return HoldUpdate::Unchanged;
+                }
+                // A parked job failing keeps its place: the jobs after it
+                // are let in again only behind its next run.
+                let seq = job
+                    .parked
+                    .or_else(|| h.blocker.as_ref().filter(|b| b.id == job.id).and_then(|b| b.seq));
+                h.admitted_seq = seq.unwrap_or(h.done_seq).max(h.done_seq);
+                h.blocker = Some(Blocker {
+                    id: job.id,
+                    attempt,
+                    due_ms,
+                    cause,
+                    seq,
+                    arrived: false,
+                });
+                HoldUpdate::Write(Change::Put(h.clone()))
+            }
+            Settlement::Finished => {
+                if self.len == 0 {
+                    return HoldUpdate::Unchanged;
+                }
+                let Some(h) = self.get_mut(partition, &job.key) else {
+                    return HoldUpdate::Unchanged;
+                };
+                let mut changed = false;
+                if h.released.as_deref() == Some(&job.id) {
+                    h.released = None;
+                    changed = true;
+                }
+                let mut seq = job.parked;
+                if let Some(b) = h.blocker.take_if(|b| b.id == job.id) {
+                    seq = seq.or(b.seq);
+                    changed = true;
+                }
+                if let Some(s) = seq.filter(|s| *s > h.done_seq && *s <= h.admitted_seq) {
+                    // Jobs run in their order: every one before it has run.
+                    h.done_seq = s;
+                    changed = true;
+                }
+                if h.done() {
+                    self.remove(partition, &job.key);
+                    HoldUpdate::Write(Change::Let)
+                } else if changed {
+                    HoldUpdate::Write(Change::Put(h.clone()))
+                } else {
+                    HoldUpdate::Unchanged
+                }
+            }
+        }
+    }
+
+    /// An operator released `key`, held by job `id`: the key's jobs no
+    /// longer wait for it, and its next run is dead-lettered when it comes
+    /// back. `None` when `id` does not hold `key` here.
+    pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<Change> {
+        let h = self.get_mut(partition, key)?;
+        let b = h.blocker.take_if(|b| b.id == id)?;
+        if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+            // Its place counts as done: the jobs after it run.
+            h.done_seq = s;
+            h.admitted_seq = h.admitted_seq.max(s);
+        }
+        h.released = Some(Box::new(id));
+        Some(Change::Put(h.clone()))
+    }
+}
+
+/// Park a job read while its key is held, with the next sequence: behind
+/// the blocker's next run (a millisecond after it) and the last job parked.
+fn park_fresh(h: &mut Hold, job: &Job) -> Admit {
+    let after_blocker = h
+        .blocker
+        .as_ref()
+        .map_or(i64::MIN, |b| b.due_ms.saturating_add(1));
+    let at = job.run_at.timestamp_millis().max(after_blocker).max(h.tail_at_ms);
+    park_new(h, at)
+}
+
+/// The next park sequence, due at `at_ms`.
+fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
+    h.last_seq = h.last_seq.saturating_add(1);
+    h.tail_at_ms = h.tail_at_ms.max(at_ms);
+    Admit::Park {
+        seq: h.last_seq,
+        at_ms,
+    }
+}
+
+/// A parked job out again, keeping its sequence, due at `at_ms`.
+fn out_again(h: &mut Hold, seq: u32, at_ms: i64) -> Admit {
+    h.tail_at_ms = h.tail_at_ms.max(at_ms);
+    Admit::Park { seq, at_ms }
+}
