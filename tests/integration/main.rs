@@ -12,6 +12,7 @@ mod changelog_order;
 mod contract;
 mod dashboard;
 mod dlq;
+mod fencing;
 mod foreign_clients;
 mod scheduler;
 mod store_faults;

@@ -19,7 +19,7 @@ use rdkafka::Message as _;
 
 const T: Duration = Duration::from_secs(30);
 
-fn job_of(m: &OwnedMessage) -> Job {
+pub(crate) fn job_of(m: &OwnedMessage) -> Job {
     match wire::decode(&RecordView::from_message(m), Context::Work, &Limits::default()) {
         Ok(Cmd::Schedule(j)) => j,
         other => panic!("fired record does not decode: {other:?}"),

@@ -49,20 +49,77 @@ pub(super) enum Claim {
 }
 
 /// A consumer error is logged; a fatal one (librdkafka gave up on the
-/// client, as when another process joined with this instance's id and the
-/// group fenced this one out) stops the scheduler.
-fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), SchedulerError> {
+/// client) ends the read loop.
+fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), Ended> {
     if let Some((code, reason)) = consumer.client().fatal_error() {
-        return Err(SchedulerError::Fatal(format!(
-            "the schedule topic consumer failed for good ({code:?}: {reason}); \
-             if another instance runs with this instance's id, give each its own data_dir or instance_id"
-        )));
+        let reason = format!("{code:?}: {reason}");
+        return Err(match code {
+            RDKafkaErrorCode::FencedInstanceId => Ended::Fenced(reason),
+            _ => Ended::Failed(fatal(&reason)),
+        });
     }
     warn!(error = %e, "schedule topic consumer");
     Ok(())
 }
 
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
+    let apply_shared = shared.clone();
+    let applier = std::thread::Builder::new()
+        .name("kairos-apply".into())
+        .spawn(move || apply_loop(&apply_shared))
+        .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
+    let mut fenced_at: Option<Instant> = None;
+    let ended = loop {
+        let consumer = match subscribed(shared) {
+            Ok(c) => c,
+            Err(e) => break Err(e),
+        };
+        match read_loop(shared, &consumer) {
+            Ok(()) => break Ok(consumer),
+            Err(Ended::Fenced(reason)) if fenced_at.is_none_or(|t| t.elapsed() >= REFENCED_WITHIN) => {
+                // The group fenced this member out: after a session timeout
+                // (a broker that stalled or restarted) the member rejoined
+                // as itself and a request of its old membership was refused.
+                // librdkafka gives up on such a client for good; a new one
+                // under the same instance id takes the partitions back.
+                warn!(reason = %reason, "fenced out of the schedule topic's group; joining again with a new consumer");
+                fenced_at = Some(Instant::now());
+                let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
+                if !owned.is_empty() {
+                    shared.stats.revoked.fetch_add(1, Ordering::Relaxed);
+                    super::draining::Draining::start(shared, owned).finish(&consumer);
+                }
+            }
+            Err(Ended::Fenced(reason)) => break Err(fatal(&reason)),
+            Err(Ended::Failed(e)) => break Err(e),
+        }
+    };
+    // The batches read are applied before the last commit.
+    shared.applying.close();
+    applier
+        .join()
+        .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
+    let consumer = ended?;
+    shared.store_offsets(&consumer);
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => warn!(error = %e, "final commit failed"),
+    }
+    consumer.unsubscribe();
+    // Serve the revocation callback so the group moves our partitions now.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
+        consumer.poll(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A member fenced again this soon after joining anew has a twin: another
+/// process runs with its instance id, and the scheduler stops.
+const REFENCED_WITHIN: Duration = Duration::from_secs(60);
+
+/// The schedule topic's consumer, subscribed.
+fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError> {
     let cfg = &shared.cfg;
     let member = kafka::Membership {
         group: &cfg.scheduler.group_id,
@@ -78,38 +135,49 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         },
     )?;
     consumer.subscribe(&[&cfg.topics.schedule])?;
-    let apply_shared = shared.clone();
-    let applier = std::thread::Builder::new()
-        .name("kairos-apply".into())
-        .spawn(move || apply_loop(&apply_shared))
-        .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
+    Ok(consumer)
+}
+
+/// Why [`read_loop`] ended before the scheduler stopped.
+enum Ended {
+    /// librdkafka gave up on the consumer: the group fenced it out.
+    Fenced(String),
+    /// Any other failure.
+    Failed(SchedulerError),
+}
+
+fn fatal(reason: &str) -> SchedulerError {
+    SchedulerError::Fatal(format!(
+        "the schedule topic consumer failed for good ({reason}); \
+         if another instance runs with this instance's id, give each its own data_dir or instance_id"
+    ))
+}
+
+/// Read batches and hand them to the apply thread until the scheduler stops
+/// or the consumer fails for good.
+fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
+    let cfg = &shared.cfg;
     // Most records read and waiting to be applied: beyond it reading waits.
     let most = 2 * cfg.scheduler.ingest_batch.max(1);
     let mut last_report = Instant::now();
     let mut last_lag = Instant::now();
     // Kept from batch to batch: growing it anew each time showed in profiles.
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
-    // A fatal consumer error: the loop ends, the apply thread is let go, and
-    // the error is returned.
-    let mut fatal = None;
     while !shared.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
-            Some(Err(e)) => fatal = consumer_error(&consumer, &e).err(),
+            Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
-        while fatal.is_none() && !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
+        while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
             match consumer.poll(Duration::ZERO) {
                 Some(Ok(m)) => msgs.push(m),
                 Some(Err(e)) => {
-                    fatal = consumer_error(&consumer, &e).err();
+                    consumer_error(consumer, &e)?;
                     break;
                 }
                 None => break,
             }
-        }
-        if fatal.is_some() {
-            break;
         }
         if !msgs.is_empty() {
             if shared.stop.is_cancelled() {
@@ -120,34 +188,15 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
             shared.applying.push(batch, most);
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
-        shared.store_offsets(&consumer);
+        shared.store_offsets(consumer);
         if last_lag.elapsed() >= LAG_EVERY {
             last_lag = Instant::now();
-            measure_lag(shared, &consumer);
+            measure_lag(shared, consumer);
         }
         if last_report.elapsed() >= cfg.scheduler.report_interval {
             last_report = Instant::now();
-            report(shared, &consumer);
+            report(shared, consumer);
         }
-    }
-    // The batches read are applied before the last commit.
-    shared.applying.close();
-    applier
-        .join()
-        .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
-    if let Some(e) = fatal {
-        return Err(e);
-    }
-    shared.store_offsets(&consumer);
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => warn!(error = %e, "final commit failed"),
-    }
-    consumer.unsubscribe();
-    // Serve the revocation callback so the group moves our partitions now.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
-        consumer.poll(Duration::from_millis(50));
     }
     Ok(())
 }
