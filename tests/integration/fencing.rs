@@ -44,14 +44,15 @@ async fn a_scheduler_fenced_out_of_its_group_joins_again_and_keeps_firing() {
         .create()
         .expect("twin");
     twin.subscribe(&[&cfg.topics.schedule]).expect("subscribe");
-    wait_for(
-        "the scheduler to be fenced out (its partitions let go)",
-        T,
-        || {
-            twin.poll(Duration::from_millis(50));
-            (handle.stats().owned.is_empty() || task.is_finished()).then_some(())
-        },
-    );
+    // The scheduler is fenced once the twin holds the partitions, or once
+    // the scheduler, joining again as itself, has fenced the twin in turn.
+    wait_for("the scheduler to be fenced out", T, || {
+        twin.poll(Duration::from_millis(50));
+        let twin_assigned = twin.assignment().is_ok_and(|a| a.count() > 0);
+        let twin_fenced = twin.client().fatal_error().is_some();
+        let fenced = handle.stats().owned.is_empty() || twin_assigned || twin_fenced;
+        (fenced || task.is_finished()).then_some(())
+    });
     drop(twin);
     assert!(!task.is_finished(), "the scheduler stopped on being fenced");
 
@@ -63,7 +64,9 @@ async fn a_scheduler_fenced_out_of_its_group_joins_again_and_keeps_firing() {
     let producer = Producer::new(&cfg).unwrap();
     let id = producer
         .enqueue(Job::new(&work, "k", b"after the fence".to_vec()))
-        .at(chrono::Utc::now())
+        // Ahead of now, so that it goes through the scheduler (a job due
+        // now is written straight to its work topic).
+        .at(chrono::Utc::now() + chrono::Duration::seconds(1))
         .await
         .unwrap();
     let fired = read_n(&cfg.kafka.brokers, &work, 1, T);

@@ -22,7 +22,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
 use super::{stats, Ctx, SchedulerError, Shared};
@@ -51,15 +51,24 @@ pub(super) enum Claim {
 /// A consumer error is logged; a fatal one (librdkafka gave up on the
 /// client) ends the read loop.
 fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), Ended> {
-    if let Some((code, reason)) = consumer.client().fatal_error() {
-        let reason = format!("{code:?}: {reason}");
-        return Err(match code {
-            RDKafkaErrorCode::FencedInstanceId => Ended::Fenced(reason),
-            _ => Ended::Failed(fatal(&reason)),
-        });
-    }
+    failed_for_good(consumer)?;
     warn!(error = %e, "schedule topic consumer");
     Ok(())
+}
+
+/// Whether librdkafka gave up on the consumer (its fatal error is not
+/// always handed out by a poll: it is asked for whenever a poll is idle).
+fn failed_for_good(consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
+    match consumer.client().fatal_error() {
+        None => Ok(()),
+        Some((code, reason)) => {
+            let reason = format!("{code:?}: {reason}");
+            Err(match code {
+                RDKafkaErrorCode::FencedInstanceId => Ended::Fenced(reason),
+                _ => Ended::Failed(fatal(&reason)),
+            })
+        }
+    }
 }
 
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
@@ -68,7 +77,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         .name("kairos-apply".into())
         .spawn(move || apply_loop(&apply_shared))
         .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
-    let mut fenced_at: Option<Instant> = None;
+    let mut fences = Fences::default();
     let ended = loop {
         let consumer = match subscribed(shared) {
             Ok(c) => c,
@@ -76,21 +85,34 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         };
         match read_loop(shared, &consumer) {
             Ok(()) => break Ok(consumer),
-            Err(Ended::Fenced(reason)) if fenced_at.is_none_or(|t| t.elapsed() >= REFENCED_WITHIN) => {
+            Err(Ended::Fenced(reason)) => {
                 // The group fenced this member out: after a session timeout
                 // (a broker that stalled or restarted) the member rejoined
                 // as itself and a request of its old membership was refused.
                 // librdkafka gives up on such a client for good; a new one
                 // under the same instance id takes the partitions back.
-                warn!(reason = %reason, "fenced out of the schedule topic's group; joining again with a new consumer");
-                fenced_at = Some(Instant::now());
+                let wait = fences.next();
+                if wait.is_zero() {
+                    warn!(reason = %reason, "fenced out of the schedule topic's group; joining again with a new consumer");
+                } else {
+                    error!(reason = %reason, wait = ?wait, "fenced out of the schedule topic's group again soon: \
+                        if another instance runs with this instance's id, give each its own data_dir or instance_id; \
+                        joining again after a pause");
+                }
                 let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
                 if !owned.is_empty() {
                     shared.stats.revoked.fetch_add(1, Ordering::Relaxed);
                     super::draining::Draining::start(shared, owned).finish(&consumer);
                 }
+                drop(consumer);
+                let until = Instant::now() + wait;
+                while Instant::now() < until && !shared.stop.is_cancelled() {
+                    std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+                }
+                if shared.stop.is_cancelled() {
+                    break Err(fatal(&reason));
+                }
             }
-            Err(Ended::Fenced(reason)) => break Err(fatal(&reason)),
             Err(Ended::Failed(e)) => break Err(e),
         }
     };
@@ -114,9 +136,28 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     Ok(())
 }
 
-/// A member fenced again this soon after joining anew has a twin: another
-/// process runs with its instance id, and the scheduler stops.
-const REFENCED_WITHIN: Duration = Duration::from_secs(60);
+/// Fences of this member: the first joins again at once; each one soon
+/// after the last (a broker still unsettled, or a twin: another process
+/// with this instance id) waits twice as long, up to 30 s.
+#[derive(Default)]
+struct Fences {
+    last: Option<Instant>,
+    wait: Duration,
+}
+
+impl Fences {
+    /// How long to wait before joining again after a fence now.
+    fn next(&mut self) -> Duration {
+        let soon = self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(60));
+        self.wait = if soon {
+            (self.wait * 2).clamp(Duration::from_secs(1), Duration::from_secs(30))
+        } else {
+            Duration::ZERO
+        };
+        self.last = Some(Instant::now());
+        self.wait
+    }
+}
 
 /// The schedule topic's consumer, subscribed.
 fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError> {
@@ -165,7 +206,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
     while !shared.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
-            None => {}
+            None => failed_for_good(consumer)?,
             Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
@@ -240,6 +281,17 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
         .sum();
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
         fired = st.fired, skipped = st.skipped, dead_lettered = st.dead_lettered, lag, "scheduler status");
+    let fair = &shared.cfg.fair;
+    if !fair.topics.is_empty() {
+        // What fair release waits on: the workers' backlog against its
+        // target, and the jobs and tenants the window holds.
+        let (buffered, tenants) = shared
+            .wheel()
+            .fair()
+            .map_or((0, Vec::new()), |f| (f.buffered(), f.tenants_waiting()));
+        info!(backlog = ?shared.backlog.current(), target = ?shared.backlog.targets(fair.backlog_target, fair.backlog_time),
+            released = ?shared.backlog.released_total(), buffered, tenants_waiting = ?tenants, "fair dispatch status");
+    }
 }
 
 /// A batch of schedule records, read and decoded, on its way to be applied.
@@ -383,4 +435,16 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> ReadB
         shared.wake.notify_one();
     }
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_fence_joins_again_at_once_and_repeated_ones_back_off_up_to_30_s() {
+        let mut f = Fences::default();
+        let waits: Vec<u64> = (0..8).map(|_| f.next().as_secs()).collect();
+        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 30, 30]);
+    }
 }
