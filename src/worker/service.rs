@@ -25,8 +25,7 @@ mod pace;
 mod poll;
 mod stats;
 
-use stats::TopicCounts;
-use stats::{stats, Stats};
+use stats::{stats, Stats, TopicCounts};
 pub use stats::{WorkerHandle, WorkerStats};
 
 use std::future::Future;

@@ -58,6 +58,17 @@ pub(super) struct Draining {
 }
 
 impl Draining {
+    /// Let `parts` go now, counted as a revocation: [`Draining::start`]
+    /// then [`Draining::finish`] (a rebalance's revocation, or a consumer
+    /// fenced out of its group).
+    pub(super) fn revoke(shared: &Arc<Shared>, parts: Vec<i32>, consumer: &BaseConsumer<Ctx>) {
+        shared
+            .stats
+            .revoked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Draining::start(shared, parts).finish(consumer);
+    }
+
     /// Stop firing from `parts`: they leave the window (their jobs in
     /// memory are dropped) and the catch-up gate.
     pub(super) fn start(shared: &Arc<Shared>, parts: Vec<i32>) -> Draining {

@@ -95,19 +95,19 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
                 if wait.is_zero() {
                     warn!(reason = %reason, "fenced out of the schedule topic's group; joining again with a new consumer");
                 } else {
-                    error!(reason = %reason, wait = ?wait, "fenced out of the schedule topic's group again soon: \
-                        if another instance runs with this instance's id, give each its own data_dir or instance_id; \
-                        joining again after a pause");
+                    error!(reason = %reason, wait = ?wait, hint = TWIN_HINT,
+                        "fenced out of the schedule topic's group again soon; joining again after a pause");
                 }
                 let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
                 if !owned.is_empty() {
-                    shared.stats.revoked.fetch_add(1, Ordering::Relaxed);
-                    super::draining::Draining::start(shared, owned).finish(&consumer);
+                    super::draining::Draining::revoke(shared, owned, &consumer);
                 }
                 drop(consumer);
                 let until = Instant::now() + wait;
                 while Instant::now() < until && !shared.stop.is_cancelled() {
-                    std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+                    std::thread::sleep(
+                        Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())),
+                    );
                 }
                 if shared.stop.is_cancelled() {
                     break Err(fatal(&reason));
@@ -187,10 +187,13 @@ enum Ended {
     Failed(SchedulerError),
 }
 
+/// What a fence may mean, for the logs and the error.
+const TWIN_HINT: &str =
+    "if another instance runs with this instance's id, give each its own data_dir or instance_id";
+
 fn fatal(reason: &str) -> SchedulerError {
     SchedulerError::Fatal(format!(
-        "the schedule topic consumer failed for good ({reason}); \
-         if another instance runs with this instance's id, give each its own data_dir or instance_id"
+        "the schedule topic consumer failed for good ({reason}); {TWIN_HINT}"
     ))
 }
 

@@ -32,8 +32,7 @@ impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else { return };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-        self.shared.stats.revoked.fetch_add(1, Ordering::Relaxed);
-        Draining::start(&self.shared, parts).finish(consumer);
+        Draining::revoke(&self.shared, parts, consumer);
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
