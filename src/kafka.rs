@@ -70,6 +70,11 @@ pub struct Membership<'a> {
     pub session_timeout: std::time::Duration,
     /// `group.instance.id` for static membership; `None`: dynamic.
     pub instance_id: Option<String>,
+    /// How often librdkafka commits the stored offsets by itself
+    /// (`auto.commit.interval.ms`). Every commit is a write of the group on
+    /// the coordinator: a member that commits on its own cadence keeps this
+    /// long, as a backstop for a commit of its own that failed.
+    pub auto_commit_every: std::time::Duration,
 }
 
 /// Consumer settings for a member of a group: offsets are stored by Kairos
@@ -87,9 +92,11 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
         c.set("group.instance.id", id);
     }
     c.set("enable.auto.commit", "true");
-    // What a crash re-runs is what finished since the last commit: commit
-    // every 100 ms (librdkafka sends nothing when no stored offset moved).
-    c.set("auto.commit.interval.ms", "100");
+    // librdkafka sends nothing when no stored offset moved.
+    c.set(
+        "auto.commit.interval.ms",
+        member.auto_commit_every.as_millis().to_string(),
+    );
     c.set("enable.auto.offset.store", "false");
     c.set("auto.offset.reset", "earliest");
     c.set("partition.assignment.strategy", "cooperative-sticky");
@@ -428,12 +435,14 @@ mod tests {
             group: "g",
             session_timeout: std::time::Duration::from_secs(10),
             instance_id: Some("i-1".into()),
+            auto_commit_every: std::time::Duration::from_millis(100),
         };
         let c = consumer_config(&cfg, &member, "c");
         assert_eq!(c.get("auto.offset.reset"), Some("latest"));
         assert_eq!(c.get("linger.ms"), None);
         assert_eq!(c.get("group.id"), Some("g"));
         assert_eq!(c.get("group.instance.id"), Some("i-1"));
+        assert_eq!(c.get("auto.commit.interval.ms"), Some("100"));
         assert_eq!(
             c.get("session.timeout.ms"),
             Some("6000"),

@@ -346,6 +346,14 @@ async fn crash_suite(mode: Mode) {
     cfg.topics.schedule_partitions = 6;
     cfg.worker.backoff_base = Duration::from_millis(200);
     cfg.worker.revocation_deadline = Duration::from_secs(10);
+    // The schedulers keep the shipped session timeout: they are static
+    // members restarted at once, so a kill -9 never waits for it, while a
+    // 6 s session expires whenever the sqlite broker, just restarted, takes
+    // that long to answer a heartbeat queued behind its writes; the
+    // scheduler is then fenced and joins again (RELIABILITY.md), over and
+    // over while the broker stays slow. Workers keep 6 s, so that a killed
+    // worker's partitions move within seconds.
+    cfg.scheduler.session_timeout = Duration::from_secs(30);
     match mode {
         Mode::Fair => cfg.fair.topics = cfg.topics.work.clone(),
         Mode::HoldKey => cfg.worker.on_failure = kairos::config::OnFailure::HoldKey,

@@ -26,8 +26,9 @@ pub fn config(broker: &Broker, dir: &std::path::Path) -> Config {
     cfg.worker.group_id = unique("workers");
     cfg.worker.topics = cfg.topics.work.clone();
     cfg.worker.backoff_base = Duration::from_millis(300);
+    cfg.worker.session_timeout = Duration::from_secs(6);
+    cfg.scheduler.session_timeout = Duration::from_secs(6);
     let consumer = &mut cfg.kafka.consumer;
-    consumer.insert("session.timeout.ms".into(), "6000".into());
     consumer.insert("heartbeat.interval.ms".into(), "500".into());
     cfg
 }

@@ -166,6 +166,8 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError>
         group: &cfg.scheduler.group_id,
         session_timeout: cfg.scheduler.session_timeout,
         instance_id: shared.instance_id.clone(),
+        // What a crash re-reads is what was stored since the last commit.
+        auto_commit_every: Duration::from_millis(100),
     };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &cfg.kafka,

@@ -143,6 +143,9 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         group: &shared.group,
         session_timeout: shared.cfg.worker.session_timeout,
         instance_id: None,
+        // The worker commits every `COMMIT_EVERY` itself (`store_offsets`);
+        // librdkafka's timer only commits again what a failed commit left.
+        auto_commit_every: Duration::from_secs(1),
     };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &shared.cfg.kafka,
@@ -234,12 +237,15 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// Store the commit points that moved, and commit them at most every
 /// [`COMMIT_EVERY`].
 ///
-/// librdkafka's own auto-commit (also on) skips every round while the group
+/// librdkafka's own auto-commit skips every round while the group
 /// rebalances, and a rebalance after a member died lasts until the dead
 /// member's session expires: seconds in which no member's offsets moved, so
 /// a second kill re-ran all that work. Kafka accepts a commit from a member
 /// of the current generation while the group prepares a rebalance, so the
-/// worker commits what it stored itself.
+/// worker commits what it stored itself; librdkafka's timer, set to a
+/// second, only retries what a failed commit left (with both at 100 ms a
+/// busy worker sent up to twenty commits a second, each a write of the
+/// group on the coordinator).
 pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
     let pending: Vec<(Tp, i64)> = shared.state().to_store.drain().collect();
     for (tp, offset) in pending {
