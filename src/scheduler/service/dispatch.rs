@@ -30,10 +30,13 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     // due meanwhile do not wait for that. The idempotent producer keeps the
     // order per partition; a write that fails fails the later ones of its
     // partition too, and they all go back into the window in run-at order.
-    // The finisher's queue is bounded: a dispatcher ahead of it waits, so the
-    // jobs fired and not yet finished stay bounded whatever the backlog.
-    let queued = (FINISH_QUEUE_JOBS / shared.cfg.scheduler.fire_batch.max(1)).max(2);
-    let (to_finish, inbox) = tokio::sync::mpsc::channel(queued);
+    // The finisher's queue is bounded in jobs: a dispatcher ahead of it
+    // waits, so the jobs fired and not yet finished stay bounded whatever
+    // the backlog. (Not in batches: at a steady rate each round fires a
+    // few jobs, and a few dozen small batches would make the dispatcher
+    // wait on every store flush of the finisher.)
+    let room = Arc::new(tokio::sync::Semaphore::new(FINISH_QUEUE_JOBS));
+    let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
     let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
     let mut holding = Holding::default();
     loop {
@@ -82,13 +85,18 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         }
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
+            let jobs = due.len().clamp(1, FINISH_QUEUE_JOBS) as u32;
+            let Ok(room) = room.clone().acquire_many_owned(jobs).await else {
+                break;
+            };
             let batch = FireBatch {
                 due,
                 direct,
                 writes,
                 parts,
+                room,
             };
-            if to_finish.send(batch).await.is_err() {
+            if to_finish.send(batch).is_err() {
                 break; // the finisher ended: the scheduler is stopping
             }
             continue;
@@ -272,6 +280,8 @@ pub(super) struct FireBatch {
     pub(super) writes: FireWrites,
     /// The partitions of `due`, each counted once in [`super::Firing`].
     pub(super) parts: HashSet<i32>,
+    /// Its room in the finisher's queue, given back once it is finished.
+    pub(super) room: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// The writes of a fire batch, handed to librdkafka in firing order.

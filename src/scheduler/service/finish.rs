@@ -28,7 +28,10 @@ pub(super) const FINISH_ROUND_JOBS: usize = 8_192;
 
 /// Finish fire batches as they come, merging the batches waiting (up to
 /// [`FINISH_ROUND_JOBS`]) into one round of tombstones, store deletes and flush.
-pub(super) async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mpsc::Receiver<FireBatch>) {
+pub(super) async fn finish_loop(
+    shared: Arc<Shared>,
+    mut inbox: tokio::sync::mpsc::UnboundedReceiver<FireBatch>,
+) {
     while let Some(first) = inbox.recv().await {
         let mut jobs = first.due.len();
         let mut batches = vec![first];
@@ -41,14 +44,17 @@ pub(super) async fn finish_loop(shared: Arc<Shared>, mut inbox: tokio::sync::mps
         let mut due = Vec::with_capacity(jobs);
         let mut direct = HashMap::default();
         let mut writes: FireWrites = Vec::with_capacity(jobs);
+        let mut room = Vec::with_capacity(batches.len());
         for b in batches {
             due.extend(b.due);
             direct.extend(b.direct);
             writes.extend(b.writes);
             parts.push(b.parts);
+            room.push(b.room);
         }
         let ok = finish_fire(&shared, due, direct, writes).await;
         shared.firing.finish(&parts);
+        drop(room);
         if let Err(e) = ok {
             shared.fail(e.to_string());
         }
