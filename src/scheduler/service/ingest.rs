@@ -84,7 +84,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
             Err(e) => break Err(e),
         };
         match read_loop(shared, &consumer) {
-            Ok(()) => break Ok(consumer),
+            Ok(()) => break Ok(Some(consumer)),
             Err(Ended::Fenced(reason)) => {
                 // The group fenced this member out: after a session timeout
                 // (a broker that stalled or restarted) the member rejoined
@@ -110,7 +110,9 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
                     );
                 }
                 if shared.stop.is_cancelled() {
-                    break Err(fatal(&reason));
+                    // Stopped while fenced out: the partitions are let go
+                    // already, and there is no consumer left to commit with.
+                    break Ok(None);
                 }
             }
             Err(Ended::Failed(e)) => break Err(e),
@@ -121,7 +123,9 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     applier
         .join()
         .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
-    let consumer = ended?;
+    let Some(consumer) = ended? else {
+        return Ok(());
+    };
     shared.store_offsets(&consumer);
     match consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
