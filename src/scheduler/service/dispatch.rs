@@ -156,7 +156,7 @@ impl Round {
     ) -> Result<Round, StoreError> {
         let lock = || wheel.lock().unwrap_or_else(|e| e.into_inner());
         let now_ms = clock.now().timestamp_millis();
-        let behind_cascade = if lock().refill_due_ms().is_some_and(|t| t <= now_ms) {
+        let mut behind_cascade = if lock().refill_due_ms().is_some_and(|t| t <= now_ms) {
             refill(wheel, store, now_ms)?.behind_cascade
         } else {
             false
@@ -176,8 +176,10 @@ impl Round {
                 .iter()
                 .map(|(t, n)| (t.clone(), (*n).min(room)))
                 .collect();
+            let (until, behind) = below_cascade(store, until, now_ms)?;
+            behind_cascade |= behind;
             let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
-            let (jobs, found) = w.take_fair(now_ms, until, &allowance, &mut read)?;
+            let (jobs, found) = w.take_fair(now_ms, &until, &allowance, &mut read)?;
             due.extend(jobs);
             for (p, at) in found.held {
                 let h = held.entry(p).or_insert(at);
@@ -209,6 +211,28 @@ impl Round {
             fair_from,
         })
     }
+}
+
+/// How far the fair window may look into each partition: `until`, and not
+/// past the store's cascade point. The window reads the store's near range
+/// only, and every job due before the cascade point is there; a job past it
+/// is still in a far bucket, and a cursor moved over it would never come
+/// back for it once the cascade brings it near (after a take-over or an
+/// outage, the cascade point can trail the clock). Also returns whether a
+/// partition's cascade point is behind the clock (the cascader is asked).
+fn below_cascade(
+    store: &Store,
+    until: &HashMap<i32, i64>,
+    now_ms: i64,
+) -> Result<(HashMap<i32, i64>, bool), StoreError> {
+    let mut behind = false;
+    let mut out = HashMap::default();
+    for (p, u) in until {
+        let cascaded_to = store.checkpoint(*p)?.cascaded_to;
+        behind |= cascaded_to <= now_ms;
+        out.insert(*p, (*u).min(cascaded_to.saturating_sub(1)));
+    }
+    Ok((out, behind))
 }
 
 /// Jobs of each fair topic this instance may release now: its share of

@@ -33,6 +33,11 @@ struct Setup {
 /// Partitions 0 and 1 owned, jobs stored at the given run-ats (ms after
 /// the start), the clock at the start.
 fn set_up(jobs: &[(i32, &str, i64)]) -> Setup {
+    set_up_with(jobs, false)
+}
+
+/// As [`set_up`], with topic `emails` dispatched fairly when `fair`.
+fn set_up_with(jobs: &[(i32, &str, i64)], fair: bool) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let start = 1_700_000_000_000;
     let clock = ManualClock::new(at(start));
@@ -43,6 +48,13 @@ fn set_up(jobs: &[(i32, &str, i64)]) -> Setup {
             .unwrap();
     }
     let mut wheel = TimerWheel::new(SPAN_MS, 1000);
+    if fair {
+        let topics = ["emails".to_string()];
+        let weights = crate::scheduler::fair::Weights::default();
+        wheel.set_fair(crate::scheduler::fair::FairWindow::new(
+            &topics, weights, 60_000, 1000, start,
+        ));
+    }
     for p in [0, 1] {
         // As on assignment: the cascade point three windows ahead.
         cascade(&store, p, start + 3 * SPAN_MS);
@@ -68,6 +80,16 @@ fn read_to_the_end() -> HashMap<i32, i64> {
 
 impl Setup {
     fn round(&mut self, max: usize, until: &HashMap<i32, i64>) -> Round {
+        self.round_allowing(max, until, &HashMap::default())
+    }
+
+    /// A round with fair topics allowed to release `allowance` jobs.
+    fn round_allowing(
+        &mut self,
+        max: usize,
+        until: &HashMap<i32, i64>,
+        allowance: &HashMap<String, usize>,
+    ) -> Round {
         let r = Round::take(
             &self.wheel,
             &self.store,
@@ -75,7 +97,7 @@ impl Setup {
             &self.clock,
             max,
             until,
-            &HashMap::default(),
+            allowance,
         )
         .unwrap();
         self.wheel.lock().unwrap().fired(&r.due);
@@ -173,4 +195,29 @@ fn a_job_waits_until_its_partition_is_read_up_to_its_run_at() {
     let r = s.round(100, &until);
     assert_eq!(Setup::keys(&r), ["a"]);
     assert!(r.held.is_empty());
+}
+
+#[test]
+fn a_fair_job_still_in_a_far_bucket_when_due_is_released_once_the_cascade_brings_it_near() {
+    // Past the cascade point (three spans ahead): in a far bucket.
+    let mut s = set_up_with(&[(0, "far", 10 * SPAN_MS), (1, "near", 1_000)], true);
+    let start = s.clock.now().timestamp_millis();
+    let allow: HashMap<String, usize> = [("emails".to_string(), 100)].into_iter().collect();
+    // The clock passes the far job's run-at while the cascader lags behind
+    // (as after a take-over or an outage).
+    s.advance_ms(11 * SPAN_MS);
+    let r = s.round_allowing(100, &read_to_the_end(), &allow);
+    assert_eq!(
+        Setup::keys(&r),
+        ["near"],
+        "the near job goes; the far one is not in the near range yet"
+    );
+    assert!(r.behind_cascade, "the cascader is asked to catch up");
+    cascade(&s.store, 0, start + 14 * SPAN_MS);
+    let r = s.round_allowing(100, &read_to_the_end(), &allow);
+    assert_eq!(
+        Setup::keys(&r),
+        ["far"],
+        "brought near by the cascade, it is released"
+    );
 }
