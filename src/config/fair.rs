@@ -40,7 +40,9 @@ pub struct FairConfig {
     /// the worker group finishes in `backlog_time` (measured over the last
     /// half second), so that fast workers are not held to `backlog_target`
     /// per poll round trip, while a newly arriving tenant still waits
-    /// behind about this much work. `0s`: `backlog_target` only.
+    /// behind about this much work. While the workers finish all that is
+    /// released, the target doubles read by read, up to four times this
+    /// paced target. `0s`: `backlog_target` only.
     #[serde(with = "humantime_serde")]
     pub backlog_time: Duration,
     /// How often the scheduler reads the worker group's committed offsets.

@@ -16,7 +16,9 @@
 //! group able to run 50,000 jobs/s would get `backlog_target` jobs per
 //! read-and-commit round trip (about 200 ms) and idle the rest; with it
 //! following the pace, the backlog is about `backlog_time` of work, which
-//! is also about how long a newly arriving tenant waits behind it.
+//! is also about how long a newly arriving tenant waits behind it. The
+//! pace climbs slowly from the floor (it measures what was released), so
+//! the target also doubles while the workers finish all of it ([`Grant`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +42,43 @@ struct Topic {
     read: Mutex<Option<(i64, u64)>>,
     /// Jobs per second the worker group finished lately (0 until measured).
     pace: AtomicU64,
+    /// The backlog aimed at, as last set by [`Grant::next`] (0 until the
+    /// first read: the floor).
+    grant: AtomicU64,
+    /// A dispatcher round released all this topic's allowance since the
+    /// last read: the grant, not the jobs due, bounded the release.
+    capped: std::sync::atomic::AtomicBool,
+}
+
+/// How the backlog aimed at moves from read to read: never below the floor
+/// nor below what the workers finish in `backlog_time` at their pace; twice
+/// as much when the last grant was used up (a round released all it
+/// allowed) and the workers had finished nearly all of it by the read (a
+/// quarter or less left); otherwise an eighth less. The pace alone climbs
+/// slowly: it measures what the workers finished, which is what was
+/// released, so from the floor it took seconds to reach fast workers' rate
+/// (each pace window lifting it by `backlog_time` over the read-and-commit
+/// round trip). Doubling reaches it in a few reads, and only while the
+/// workers keep up. At most four times the larger of the floor and the
+/// paced target: a flood is never let out in one go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    floor: u64,
+    paced: u64,
+}
+
+impl Grant {
+    fn next(self, grant: u64, capped: bool, lag: i64) -> u64 {
+        let base = self.floor.max(self.paced);
+        let grant = grant.max(self.floor);
+        let drained = lag <= (grant / 4) as i64;
+        let next = if capped && drained {
+            grant.saturating_mul(2)
+        } else {
+            grant - grant / 8
+        };
+        next.clamp(base, base.saturating_mul(4))
+    }
 }
 
 /// How far back the workers' pace is measured: a few of their commits.
@@ -88,6 +127,13 @@ impl Backlog {
     pub(super) fn released(&self, topic: &str, n: u64) {
         if let Some(t) = self.topics.get(topic) {
             t.released.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A round released all of `topic`'s allowance.
+    pub(super) fn capped(&self, topic: &str) {
+        if let Some(t) = self.topics.get(topic) {
+            t.capped.store(true, Ordering::Relaxed);
         }
     }
 
@@ -152,9 +198,30 @@ impl Topic {
         })
     }
 
+    fn paced(&self, time: Duration) -> u64 {
+        (self.pace.load(Ordering::Relaxed) as f64 * time.as_secs_f64()) as u64
+    }
+
+    /// The backlog aimed at: the grant (`backlog_time` 0: the floor only).
     fn target(&self, floor: u64, time: Duration) -> u64 {
-        let paced = self.pace.load(Ordering::Relaxed) as f64 * time.as_secs_f64();
-        floor.max(paced as u64)
+        if time.is_zero() {
+            return floor;
+        }
+        let base = floor.max(self.paced(time));
+        self.grant
+            .load(Ordering::Relaxed)
+            .clamp(base, base.saturating_mul(4))
+    }
+
+    /// After a read that found `lag`: move the grant ([`Grant::next`]).
+    fn regrant(&self, floor: u64, time: Duration, lag: i64) {
+        let capped = self.capped.swap(false, Ordering::Relaxed);
+        let rule = Grant {
+            floor,
+            paced: self.paced(time),
+        };
+        let next = rule.next(self.grant.load(Ordering::Relaxed), capped, lag);
+        self.grant.store(next, Ordering::Relaxed);
     }
 
     fn allowance(&self, target: u64) -> usize {
@@ -197,6 +264,7 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
                     *t.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((lag, released_then));
                     let pace = paces.entry(name).or_default().read(Instant::now(), ends - lag);
                     t.pace.store(pace, Ordering::Relaxed);
+                    t.regrant(cfg.fair.backlog_target, cfg.fair.backlog_time, lag);
                 }
                 Err(e) => {
                     failed = true;
@@ -268,6 +336,58 @@ mod tests {
         let mut p = Pace::default();
         p.read(t0, 5_000);
         assert_eq!(p.read(ms(100), 0), 0);
+    }
+
+    #[test]
+    fn the_grant_doubles_while_used_up_and_drained_and_shrinks_back_to_the_pace() {
+        let rule = Grant {
+            floor: 1_000,
+            paced: 0,
+        };
+        // Used up and drained: doubles, up to four times the floor.
+        assert_eq!(rule.next(1_000, true, 0), 2_000);
+        assert_eq!(rule.next(2_000, true, 500), 4_000);
+        assert_eq!(rule.next(4_000, true, 0), 4_000, "at most 4x the floor");
+        // Work left at the read (more than a quarter), or not used up: shrinks.
+        assert_eq!(rule.next(4_000, true, 1_001), 3_500);
+        assert_eq!(rule.next(4_000, false, 0), 3_500);
+        assert_eq!(rule.next(1_000, false, 0), 1_000, "never below the floor");
+        // The paced target lifts both bounds.
+        let fast = Grant {
+            floor: 1_000,
+            paced: 10_000,
+        };
+        assert_eq!(fast.next(1_000, false, 0), 10_000);
+        assert_eq!(fast.next(10_000, true, 2_000), 20_000);
+        assert_eq!(fast.next(40_000, true, 0), 40_000);
+    }
+
+    #[test]
+    fn the_target_is_the_grant_between_the_paced_target_and_four_times_it() {
+        let b = Backlog::new(&["t".to_string()]);
+        let t = &b.topics["t"];
+        let half = Duration::from_millis(500);
+        t.regrant(1_000, half, 0);
+        assert_eq!(
+            b.targets(1_000, half),
+            vec![("t".to_string(), 1_000)],
+            "not used up"
+        );
+        b.capped("t");
+        t.regrant(1_000, half, 100);
+        assert_eq!(b.targets(1_000, half), vec![("t".to_string(), 2_000)]);
+        assert_eq!(
+            b.targets(1_000, Duration::ZERO),
+            vec![("t".to_string(), 1_000)],
+            "backlog_time 0: the floor"
+        );
+        b.capped("t");
+        t.regrant(1_000, half, 2_000);
+        assert_eq!(
+            b.targets(1_000, half),
+            vec![("t".to_string(), 1_750)],
+            "work left: an eighth less"
+        );
     }
 
     #[test]

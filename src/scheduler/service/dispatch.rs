@@ -80,8 +80,15 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             shared.cascade_wanted.notify_one();
         }
         holding.update(&shared, &held, now);
+        let mut released: HashMap<&str, usize> = HashMap::default();
         for (_, s) in &due[fair_from..] {
             shared.backlog.released(&s.job.topic, 1);
+            *released.entry(s.job.topic.as_str()).or_default() += 1;
+        }
+        for (topic, n) in released {
+            if allowance.get(topic).is_some_and(|a| n >= *a) {
+                shared.backlog.capped(topic);
+            }
         }
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
