@@ -69,7 +69,6 @@ struct Grant {
 
 impl Grant {
     fn next(self, grant: u64, capped: bool, lag: i64) -> u64 {
-        let base = self.floor.max(self.paced);
         let grant = grant.max(self.floor);
         let drained = lag <= (grant / 4) as i64;
         let next = if capped && drained {
@@ -77,7 +76,14 @@ impl Grant {
         } else {
             grant - grant / 8
         };
-        next.clamp(base, base.saturating_mul(4))
+        self.bound(next)
+    }
+
+    /// `grant` kept between the larger of the floor and the paced target
+    /// and four times that.
+    fn bound(self, grant: u64) -> u64 {
+        let base = self.floor.max(self.paced);
+        grant.clamp(base, base.saturating_mul(4))
     }
 }
 
@@ -198,8 +204,13 @@ impl Topic {
         })
     }
 
-    fn paced(&self, time: Duration) -> u64 {
-        (self.pace.load(Ordering::Relaxed) as f64 * time.as_secs_f64()) as u64
+    /// The grant's bounds now: the floor and the workers' pace over `time`.
+    fn rule(&self, floor: u64, time: Duration) -> Grant {
+        let paced = self.pace.load(Ordering::Relaxed) as f64 * time.as_secs_f64();
+        Grant {
+            floor,
+            paced: paced as u64,
+        }
     }
 
     /// The backlog aimed at: the grant (`backlog_time` 0: the floor only).
@@ -207,20 +218,15 @@ impl Topic {
         if time.is_zero() {
             return floor;
         }
-        let base = floor.max(self.paced(time));
-        self.grant
-            .load(Ordering::Relaxed)
-            .clamp(base, base.saturating_mul(4))
+        self.rule(floor, time).bound(self.grant.load(Ordering::Relaxed))
     }
 
     /// After a read that found `lag`: move the grant ([`Grant::next`]).
     fn regrant(&self, floor: u64, time: Duration, lag: i64) {
         let capped = self.capped.swap(false, Ordering::Relaxed);
-        let rule = Grant {
-            floor,
-            paced: self.paced(time),
-        };
-        let next = rule.next(self.grant.load(Ordering::Relaxed), capped, lag);
+        let next = self
+            .rule(floor, time)
+            .next(self.grant.load(Ordering::Relaxed), capped, lag);
         self.grant.store(next, Ordering::Relaxed);
     }
 

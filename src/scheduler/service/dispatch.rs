@@ -82,10 +82,10 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         holding.update(&shared, &held, now);
         let mut released: HashMap<&str, usize> = HashMap::default();
         for (_, s) in &due[fair_from..] {
-            shared.backlog.released(&s.job.topic, 1);
             *released.entry(s.job.topic.as_str()).or_default() += 1;
         }
         for (topic, n) in released {
+            shared.backlog.released(topic, n as u64);
             if allowance.get(topic).is_some_and(|a| n >= *a) {
                 shared.backlog.capped(topic);
             }
