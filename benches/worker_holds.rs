@@ -17,18 +17,19 @@
 //!   jobs. Jobs/s to the last success, hold-key against overtaking, each on
 //!   topics of its own (target ≥ 0.8x).
 //! - **Memory** (`memory`): 100,000 keys whose one job fails with a retry an
-//!   hour ahead, so all are held at once; the process's resident memory
-//!   once they are, against it idle before, after a worker in the same
-//!   process ran 100,000 jobs that succeeded (so that consumer buffers and
-//!   allocator are warmed up alike; target ≤ 64 MiB more). No scheduler
-//!   runs: the retries wait in the schedule topic.
+//!   hour ahead, so all are held at once; the worker process's resident
+//!   memory once they are, against it idle before (target ≤ 64 MiB more);
+//!   beside it, the same jobs succeeding in a worker of their own. Each
+//!   worker is a child process of this bench (the jobs are written from
+//!   here, so the writing producer does not count). No scheduler runs:
+//!   the retries wait in the schedule topic.
 //!
 //! Throughput is timed from the first handler start to the last success:
 //! joining the group, and with keys held reading the held topic back on
 //! assignment, is left out (it happens once per assignment).
 //!
-//! Each run uses fresh topics and groups. The worker runs in this process on
-//! the `kairos` binary's allocator.
+//! Each run uses fresh topics and groups. The worker runs on the `kairos`
+//! binary's allocator, in this process for throughput, in a child for memory.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -193,15 +194,65 @@ fn compare(rt: &tokio::runtime::Runtime, broker: &Broker, n: u64, failing: bool)
     (best[1], best[0])
 }
 
-/// RSS (MiB) of a worker process side: idle, then with `held` jobs over
-/// `held` keys written and each settled (`hold`: each fails and holds its
-/// key; else each succeeds), each read 2 s after its state is reached.
+/// Environment of a memory child: the worker's config as JSON, and whether
+/// its jobs fail and hold their keys.
+const CHILD_CONFIG: &str = "KAIROS_BENCH_HOLDS_CHILD";
+const CHILD_HOLD: &str = "KAIROS_BENCH_HOLDS_CHILD_HOLD";
+
+/// RSS (MiB) of a worker process: idle, then with `held` jobs over `held`
+/// keys written and each settled (`hold`: each fails and holds its key;
+/// else each succeeds), each read 2 s after its state is reached. The
+/// worker runs in a child process of its own (this binary, see
+/// [`memory_child`]), so that neither this process's producer writing the
+/// jobs nor an earlier side counts.
 fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bool) -> (f64, f64) {
+    use std::io::BufRead as _;
     let dir = support::bench_dir("kairos-bench-holds");
     let mut cfg = config(broker, dir.path(), true);
     cfg.worker.max_held_keys = held as usize + 1;
     rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
-    let (idle, busy) = rt.block_on(async {
+    let mut child = std::process::Command::new(std::env::current_exe().expect("bench binary"))
+        .arg("--bench")
+        .env(CHILD_CONFIG, serde_json::to_string(&cfg).expect("config as JSON"))
+        .env(CHILD_HOLD, if hold { "1" } else { "0" })
+        .env("KAIROS_BENCH_HELD", held.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the worker");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut read = |what: &str| -> u64 {
+        let line = lines
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("the worker child ended before {what}"));
+        line.strip_prefix(what)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the worker child said {line:?}, expected {what}"))
+    };
+    let idle = read("idle");
+    fill(&cfg, &cfg.topics.work[0], held, held);
+    let at_once = read("at-once");
+    let busy = read("busy");
+    assert!(
+        child.wait().expect("worker child").success(),
+        "worker child failed"
+    );
+    println!(
+        "  {held} jobs {}; RSS at once {:.1} MiB",
+        if hold { "held their keys" } else { "succeeded" },
+        support::mib(at_once)
+    );
+    (support::mib(idle), support::mib(busy))
+}
+
+/// The worker side of [`rss_around`], in a child process: it says its RSS
+/// on stdout once idle (`idle N`), once every job is settled (`at-once N`)
+/// and 2 s later (`busy N`).
+fn memory_child(rt: &tokio::runtime::Runtime, json: &str) {
+    let cfg: Config = serde_json::from_str(json).expect("config from the parent");
+    let hold = std::env::var(CHILD_HOLD).is_ok_and(|v| v == "1");
+    let held = env_u64("KAIROS_BENCH_HELD", 100_000);
+    rt.block_on(async {
         let stop = CancellationToken::new();
         let worker = Worker::builder(&cfg)
             .concurrency(CONCURRENCY)
@@ -227,9 +278,7 @@ fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bo
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let idle = support::mem();
-        fill(&cfg, &cfg.topics.work[0], held, held);
-        let t = Instant::now();
+        println!("idle {}", support::mem().rss);
         let reached = |s: &kairos::worker::WorkerStats| {
             if hold {
                 s.held_keys >= held as usize
@@ -241,30 +290,20 @@ fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bo
             assert!(t.elapsed() < TIMEOUT, "not settled: {:?}", h.stats());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let at_once = support::mem();
-        println!(
-            "  {held} jobs {} in {:.2?}; RSS at once {:.1} MiB",
-            if hold { "held their keys" } else { "succeeded" },
-            t.elapsed(),
-            support::mib(at_once.rss)
-        );
+        println!("at-once {}", support::mem().rss);
         // The writes just made (retries, hold records) are acknowledged
         // and freed meanwhile; the holds stay.
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert!(reached(&h.stats()), "keys let go: {:?}", h.stats());
-        let busy = support::mem();
+        println!("busy {}", support::mem().rss);
         stop.cancel();
         task.await.expect("worker");
-        (idle, busy)
     });
-    (support::mib(idle.rss), support::mib(busy.rss))
 }
 
 /// Worker RSS with `held` keys held against idle, and against the same
 /// jobs succeeding (what the burst of jobs costs without any hold).
 fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64) {
-    // First the same jobs succeeding: it also warms the process up (the
-    // consumer's buffers, the allocator) for the side measured.
     let (ok_idle, ok_busy) = rss_around(rt, broker, held, false);
     let (idle, busy) = rss_around(rt, broker, held, true);
     let burst = ok_busy - ok_idle;
@@ -283,6 +322,9 @@ fn main() {
     let n = env_u64("KAIROS_BENCH_N", 50_000);
     let held = env_u64("KAIROS_BENCH_HELD", 100_000);
     let rt = support::runtime();
+    if let Ok(json) = std::env::var(CHILD_CONFIG) {
+        return memory_child(&rt, &json);
+    }
     let broker = Broker::start();
     let mut ok = true;
     if only.is_empty() || only == "none" {
