@@ -74,6 +74,8 @@
 //! VmRSS (it holds every record in memory: 10M jobs take some GiB).
 //!
 //! `KAIROS_BENCH_TIMEOUT_SECS` (3600) bounds every wait.
+//! `KAIROS_BENCH_TRACE=1` prints the throughput case's progress every 100 ms
+//! (jobs started; the scheduler's ingested, fired and pending counts).
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as
 //! diagnostics: with `backlog_time` 0 the fair topic's release rate is about
@@ -416,7 +418,21 @@ fn throughput_run(rt: &Runtime, kind: Kind, n: u64) -> Run {
     );
     let written = acked - t0;
     let deadline = Instant::now() + timeout();
+    let trace = std::env::var("KAIROS_BENCH_TRACE").is_ok();
+    let mut traced = Instant::now();
     while (starts.lock().expect("starts").len() as u64) < n {
+        if trace && traced.elapsed() >= Duration::from_millis(100) {
+            traced = Instant::now();
+            let s = running.scheduler.as_ref().map(|s| s.stats());
+            println!(
+                "    {:.2} s: started {}, ingested {}, fired {}, pending {}",
+                secs(t0.elapsed()),
+                starts.lock().expect("starts").len(),
+                s.as_ref().map_or(0, |s| s.ingested),
+                s.as_ref().map_or(0, |s| s.fired),
+                s.as_ref().map_or(0, |s| s.pending),
+            );
+        }
         assert!(
             Instant::now() < deadline,
             "{} topic: {} of {n} jobs started within {:?}; worker {:?}, scheduler {:?}",

@@ -1,6 +1,9 @@
 //! Reading a lane's jobs back from the store when its buffer runs dry.
 
+use std::sync::Arc;
+
 use super::{FairWindow, InFlight, LaneId, PartLane, Reader, LANE_JOBS, READ_JOBS, REFILL_SCAN};
+use crate::hash::HashMap;
 use crate::scheduler::store::{DueKey, StoreError};
 
 impl FairWindow {
@@ -46,7 +49,12 @@ impl FairWindow {
     }
 
     /// Read a lane's jobs of partition `p` from where it is missing from,
-    /// up to the partition's cursor, as far as there is room.
+    /// up to the partition's cursor, as far as there is room. The same read
+    /// also refills every other lane of the partition missing from there
+    /// or later (its jobs from its own missing point on are all in the
+    /// read): tenants' jobs interleaved in run-at order are read about once
+    /// each, not once per lane that runs dry (with a hundred tenants, a
+    /// hundred times over).
     fn refill(
         &mut self,
         topic: &str,
@@ -56,55 +64,112 @@ impl FairWindow {
         read: &mut Reader<'_>,
     ) -> Result<(), StoreError> {
         let cursor = self.cursors.get(&p).copied().flatten();
-        let Some(t) = self.topics.get_mut(topic) else {
-            return Ok(());
-        };
-        let Some(pl) = t.lanes.get_mut(lane_id).and_then(|l| l.part_mut(p)) else {
+        let Some(pl) = self
+            .topics
+            .get_mut(topic)
+            .and_then(|t| t.lanes.get_mut(lane_id))
+            .and_then(|l| l.part_mut(p))
+        else {
             return Ok(());
         };
         let (Some(from), Some(cursor)) = (pl.missing_from, cursor) else {
             pl.missing_from = None;
             return Ok(());
         };
+        let FairWindow {
+            topics,
+            index,
+            capacity,
+            ..
+        } = self;
+        let asked: (Arc<str>, LaneId) = (Arc::from(topic), lane_id.clone());
+        // Lanes this read refilled (the one asked for from the start), and
+        // whether each ran out of room: a lane stops at its first job that
+        // did not fit, which it is missing from.
+        let mut touched: HashMap<(Arc<str>, LaneId), bool> = HashMap::default();
+        touched.insert(asked.clone(), false);
         let mut after = before(&from);
         let mut scanned = 0;
-        loop {
+        let reached_end = loop {
             let got = read(p, after, cursor.run_at_ms, READ_JOBS)?;
             let n = got.len();
+            let mut past_cursor = false;
+            let mut asked_full = false;
             for (k, job) in got {
                 if k > cursor {
-                    pl.missing_from = None;
-                    return Ok(());
+                    past_cursor = true;
+                    break;
                 }
                 after = Some(k);
                 scanned += 1;
-                let j = &job.job;
-                let ours = j.topic == topic
-                    && j.priority.class() == lane_id.1
-                    && j.tenant.as_deref().unwrap_or("") == &*lane_id.0;
-                if !ours || in_flight.contains(&k) || pl.jobs.contains(&k) {
+                if in_flight.contains(&k) {
                     continue;
                 }
-                // At least one job, so a full buffer never stalls a lane.
-                let room =
-                    pl.jobs.is_empty() || (self.index.len() < self.capacity && pl.jobs.len() < LANE_JOBS);
-                if !room {
-                    pl.missing_from = Some(k);
-                    return Ok(());
+                let j = &job.job;
+                let Some(t) = topics.get_mut(j.topic.as_str()) else {
+                    continue;
+                };
+                let id: LaneId = (Arc::from(j.tenant.as_deref().unwrap_or("")), j.priority.class());
+                let Some(pl) = t.lanes.get_mut(&id).and_then(|l| l.part_mut(p)) else {
+                    continue;
+                };
+                // Its lane's jobs before `k` are all buffered or in flight
+                // only if it is missing from `from` or later (so the read
+                // went past all of them) and up to `k`.
+                let missing = pl.missing_from.is_some_and(|m| m >= from && m <= k);
+                if !missing || pl.jobs.contains(&k) {
+                    continue;
                 }
+                let whose = (t.name.clone(), id);
+                let stopped = touched.entry(whose.clone()).or_insert(false);
+                if *stopped {
+                    continue;
+                }
+                // At least one job for the lane asked for, so a full
+                // buffer never stalls it.
+                let first = whose == asked && pl.jobs.is_empty();
+                if !first && (index.len() >= *capacity || pl.jobs.len() >= LANE_JOBS) {
+                    *stopped = true;
+                    pl.missing_from = Some(k);
+                    if whose == asked {
+                        asked_full = true;
+                        break;
+                    }
+                    continue;
+                }
+                pl.missing_from = Some(after_key(&k));
                 pl.jobs.insert(k, job);
-                self.index.insert(k, (t.name.clone(), lane_id.clone()));
+                index.insert(k, whose);
             }
-            if n < READ_JOBS {
-                pl.missing_from = None;
-                return Ok(());
+            if asked_full {
+                break false;
+            }
+            if past_cursor || n < READ_JOBS {
+                break true;
             }
             if scanned >= REFILL_SCAN {
-                // Go on from here next time.
-                pl.missing_from = after.map(|a| after_key(&a));
-                return Ok(());
+                break false;
+            }
+        };
+        // Every lane refilled and not stopped has all its jobs read so far:
+        // none missing if the read got to the cursor, else from here on.
+        for ((t, id), stopped) in touched {
+            if stopped {
+                continue;
+            }
+            let pl = topics
+                .get_mut(&*t)
+                .and_then(|t| t.lanes.get_mut(&id))
+                .and_then(|l| l.part_mut(p));
+            if let Some(pl) = pl {
+                if reached_end {
+                    pl.missing_from = None;
+                } else if let Some(a) = after {
+                    pl.missing_from = Some(after_key(&a));
+                }
             }
         }
+        Ok(())
     }
 }
 
