@@ -187,6 +187,9 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS").map(|v| v.parse()) {
         cfg.fair.backlog_time = Duration::from_millis(ms);
     }
+    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
+        cfg.scheduler.ingest_batch = n;
+    }
     let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).to_string();
     cfg.kafka
         .consumer

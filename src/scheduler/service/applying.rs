@@ -4,7 +4,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ingest::ReadBatch;
+use super::ingest::{ReadBatch, BATCH_BYTES};
 
 /// What the apply thread gets from [`Applying::take_within`].
 pub(super) enum Next {
@@ -42,10 +42,11 @@ impl Applying {
     }
 
     /// Hand `batch` to the apply thread, merged with what waits; first wait
-    /// while `most` records or more wait.
+    /// while `most` records or more wait, or twice [`BATCH_BYTES`].
     pub(super) fn push(&self, batch: ReadBatch, most: usize) {
         let mut q = self.lock();
-        while q.waiting.as_ref().is_some_and(|w| w.records.len() >= most) && !q.closed {
+        let full = |w: &ReadBatch| w.records.len() >= most || w.bytes >= 2 * BATCH_BYTES;
+        while q.waiting.as_ref().is_some_and(full) && !q.closed {
             q = self.changed.wait(q).unwrap_or_else(|e| e.into_inner());
         }
         match &mut q.waiting {

@@ -219,9 +219,13 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
             Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
-        while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch {
+        let mut bytes: usize = msgs.iter().map(record_bytes).sum();
+        while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch && bytes < BATCH_BYTES {
             match consumer.poll(Duration::ZERO) {
-                Some(Ok(m)) => msgs.push(m),
+                Some(Ok(m)) => {
+                    bytes += record_bytes(&m);
+                    msgs.push(m);
+                }
                 Some(Err(e)) => {
                     consumer_error(consumer, &e)?;
                     break;
@@ -249,6 +253,14 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
         }
     }
     Ok(())
+}
+
+/// Most bytes of records (keys and payloads) in one read batch, whatever
+/// `ingest_batch` allows; twice that may wait for the apply thread.
+pub(super) const BATCH_BYTES: usize = 16 << 20;
+
+fn record_bytes(m: &BorrowedMessage<'_>) -> usize {
+    m.payload_len() + m.key_len()
 }
 
 /// How often the ingest thread measures the schedule topic's lag.
@@ -316,6 +328,8 @@ pub(super) struct ReadBatch {
     pub(super) named: HashMap<(i32, JobId), Claimed>,
     /// Records read, skipped ones included.
     pub(super) read: u64,
+    /// Bytes of the records read (keys and payloads).
+    pub(super) bytes: usize,
 }
 
 /// How a job named by a batch stood when the batch was read.
@@ -345,6 +359,7 @@ impl ReadBatch {
             e.marks += c.marks;
         }
         self.read += later.read;
+        self.bytes += later.bytes;
     }
 }
 
@@ -373,6 +388,7 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> ReadB
     let mut b = ReadBatch {
         records: Vec::with_capacity(msgs.len()),
         read: msgs.len() as u64,
+        bytes: msgs.iter().map(record_bytes).sum(),
         ..ReadBatch::default()
     };
     let mut created: HashMap<i32, i64> = HashMap::default();
