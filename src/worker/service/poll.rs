@@ -16,7 +16,6 @@ use super::held;
 use super::offsets::write_in_background;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 
-use crate::hash::HashMap;
 use crate::job::Job;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
@@ -247,40 +246,17 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// second, only retries what a failed commit left (with both at 100 ms a
 /// busy worker sent up to twenty commits a second, each a write of the
 /// group on the coordinator).
-///
-/// A worker that has just finished everything it read, at least
-/// [`COMMIT_DRAINED_JOBS`] records since its last commit, commits sooner, at
-/// most every [`COMMIT_DRAINED_EVERY`]: the scheduler's fair dispatch reads
-/// the group's progress from its commits, and releases the next jobs to
-/// workers that ran through a burst at once instead of up to a commit
-/// interval later. A busy worker never drains and one taking jobs a few at
-/// a time never finishes that many between commits: both commit as before.
 pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
-    let (pending, drained): (Vec<(Tp, i64)>, bool) = {
-        let mut st = shared.state();
-        let drained = st.tracker.open() == 0;
-        (st.to_store.drain().collect(), drained)
-    };
+    let pending: Vec<(Tp, i64)> = shared.state().to_store.drain().collect();
     for (tp, offset) in pending {
         // librdkafka commits one past the stored offset.
         match consumer.store_offset(&shared.topics[tp.0], tp.1, offset - 1) {
-            Ok(()) => {
-                commits.stored = true;
-                let before = commits.points.insert(tp, offset).unwrap_or(offset);
-                commits.advanced += (offset - before).max(0);
-            }
+            Ok(()) => commits.stored = true,
             Err(e) => debug!(error = %e, partition = tp.1, "offset not stored (partition gone)"),
         }
     }
-    let burst_done = drained && commits.advanced >= COMMIT_DRAINED_JOBS;
-    let every = if burst_done {
-        COMMIT_DRAINED_EVERY
-    } else {
-        COMMIT_EVERY
-    };
-    if commits.stored && commits.last.elapsed() >= every {
+    if commits.stored && commits.last.elapsed() >= COMMIT_EVERY {
         commits.stored = false;
-        commits.advanced = 0;
         commits.last = Instant::now();
         // The result goes to the commit callback.
         let _ = consumer.commit_consumer_state(CommitMode::Async);
@@ -290,21 +266,10 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commi
 /// How often the worker commits the offsets it stored.
 pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
 
-/// How often a worker that ran through a burst may commit.
-const COMMIT_DRAINED_EVERY: Duration = Duration::from_millis(20);
-
-/// Records finished since the last commit that make a drained worker's
-/// commit a burst's.
-const COMMIT_DRAINED_JOBS: i64 = 100;
-
 /// Whether offsets were stored since the last commit, and when that was.
 pub(super) struct Commits {
     stored: bool,
     last: Instant,
-    /// The offsets last stored, per partition.
-    points: HashMap<Tp, i64>,
-    /// How far they moved since the last commit, over all partitions.
-    advanced: i64,
 }
 
 impl Default for Commits {
@@ -312,8 +277,6 @@ impl Default for Commits {
         Commits {
             stored: false,
             last: Instant::now(),
-            points: HashMap::default(),
-            advanced: 0,
         }
     }
 }
