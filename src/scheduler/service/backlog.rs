@@ -4,9 +4,8 @@
 //!
 //! The signal is the worker group's committed offsets against the topic's
 //! end offsets, read every `[fair] poll_interval` by thread `kairos-backlog`
-//! (workers commit every 100 ms, and 20 ms after running through a burst,
-//! so it trails the workers by about that plus the poll interval), plus
-//! the jobs released since the read began:
+//! (workers commit every 100 ms, so it trails the workers by about that
+//! plus the poll interval), plus the jobs released since the read began:
 //! those may not be in the end offsets yet. A job counted twice (released
 //! just before a read that already sees it) only holds the next release
 //! back until the next read.
