@@ -73,7 +73,7 @@ pub struct Broker {
 impl Broker {
     /// Start an in-memory broker on a free port and wait until it answers.
     pub fn start() -> Broker {
-        log_if_asked();
+        capture_logs();
         Self::start_with(Storage::Memory, free_port())
     }
 
@@ -218,16 +218,23 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// The logs of the services this test process runs, on stderr, when
+/// The logs of the services this test process runs: on stderr, when
 /// `KAIROS_TEST_LOG` names a filter (as `RUST_LOG` does:
-/// `KAIROS_TEST_LOG=info,kairos::scheduler=debug`); set up once.
-pub fn log_if_asked() {
-    if let Ok(filter) = std::env::var("KAIROS_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
+/// `KAIROS_TEST_LOG=info,kairos::scheduler=debug`); else their warnings
+/// and errors, in the output of the test that ran them (shown when it
+/// fails). Set up once.
+pub fn capture_logs() {
+    let builder = tracing_subscriber::fmt();
+    let _ = match std::env::var("KAIROS_TEST_LOG") {
+        Ok(filter) => builder
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
-            .try_init();
-    }
+            .try_init(),
+        Err(_) => builder
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_test_writer()
+            .try_init(),
+    };
 }
 
 /// A name unique within this test run: prefix, process id and a counter.

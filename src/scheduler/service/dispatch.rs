@@ -39,6 +39,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
     let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
     let mut holding = Holding::default();
+    let mut stalled = Stalled::default();
     loop {
         if shared.stop.is_cancelled() {
             break;
@@ -84,12 +85,13 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         for (_, s) in &due[fair_from..] {
             *released.entry(s.job.topic.as_str()).or_default() += 1;
         }
-        for (topic, n) in released {
-            shared.backlog.released(topic, n as u64);
-            if allowance.get(topic).is_some_and(|a| n >= *a) {
+        for (topic, n) in &released {
+            shared.backlog.released(topic, *n as u64);
+            if allowance.get(*topic).is_some_and(|a| n >= a) {
                 shared.backlog.capped(topic);
             }
         }
+        stalled.update(&shared, &released, &allowance);
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
             let jobs = due.len().clamp(1, FINISH_QUEUE_JOBS) as u32;
@@ -366,6 +368,10 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
     }
     writes
 }
+
+mod stalled;
+
+use stalled::Stalled;
 
 #[cfg(test)]
 mod tests;

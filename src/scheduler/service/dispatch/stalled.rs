@@ -1,0 +1,70 @@
+//! A fair topic with jobs waiting and none released for a while: said so,
+//! with what holds the releases back, so that an operator (or a failed
+//! test's log) tells a full backlog from a dispatcher that lost track.
+
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+
+use super::{Shared, HELD_WARNING};
+use crate::hash::HashMap;
+
+/// How long a fair topic may release nothing for want of allowance (the
+/// workers finishing nothing of the backlog) before it is logged.
+const SLOW_WORKERS: Duration = Duration::from_secs(60);
+
+/// Per fair topic: since when it has had jobs waiting and released none,
+/// and when that was last logged.
+#[derive(Default)]
+pub(super) struct Stalled {
+    since: HashMap<String, (Instant, Option<Instant>)>,
+}
+
+impl Stalled {
+    /// After a round: `released` jobs per topic this round, `allowance`
+    /// what the round could release.
+    pub(super) fn update(
+        &mut self,
+        shared: &Shared,
+        released: &HashMap<&str, usize>,
+        allowance: &HashMap<String, usize>,
+    ) {
+        let waiting: Vec<String> = {
+            let w = shared.wheel();
+            let Some(fair) = w.fair() else {
+                return;
+            };
+            fair.topics()
+                .filter(|t| fair.is_waiting(t) && released.get(t).is_none_or(|n| *n == 0))
+                .map(str::to_string)
+                .collect()
+        };
+        self.since.retain(|t, _| waiting.contains(t));
+        for topic in waiting {
+            let (since, logged) = self.since.entry(topic.clone()).or_insert((Instant::now(), None));
+            // A full backlog is the workers' pace, said only when it lasts.
+            let can = allowance.get(&topic).is_some_and(|n| *n > 0);
+            let after = if can { HELD_WARNING } else { SLOW_WORKERS };
+            if logged.unwrap_or(*since).elapsed() < after {
+                continue;
+            }
+            *logged = Some(Instant::now());
+            let fair = &shared.cfg.fair;
+            let of = |v: Vec<(String, i64)>| v.into_iter().find(|(t, _)| *t == topic).map(|(_, n)| n);
+            let backlog = of(shared.backlog.current());
+            let target = of(shared.backlog.targets(fair.backlog_target, fair.backlog_time));
+            let (buffered, tenants) = {
+                let w = shared.wheel();
+                let f = w.fair();
+                let tenants = f
+                    .map(|f| f.tenants_waiting())
+                    .and_then(|t| t.into_iter().find(|(t, _)| *t == topic))
+                    .map_or(0, |(_, n)| n);
+                (f.map_or(0, |f| f.buffered()), tenants)
+            };
+            warn!(topic = %topic, stalled_for = ?since.elapsed(), allowance = allowance.get(&topic).copied().unwrap_or(0),
+                backlog = ?backlog, target = ?target, tenants_waiting = tenants, buffered,
+                "fair topic: jobs waiting and none released (allowance 0: the workers have not finished the backlog; backlog None: their progress was never read)");
+        }
+    }
+}
