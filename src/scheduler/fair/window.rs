@@ -328,6 +328,13 @@ impl FairWindow {
                     "fair topic {name}: tenant {tenant:?}, class {class} has jobs waiting that its order does not know of"
                 );
                 buffered += lane.buffered();
+                for p in lane.partitions() {
+                    let pl = lane.part(p).expect("listed");
+                    assert!(
+                        pl.missing_from.is_none_or(|m| !pl.jobs.contains(&m)),
+                        "fair topic {name}: tenant {tenant:?}, class {class}, partition {p}: a buffered job is also missing"
+                    );
+                }
             }
         }
         assert_eq!(
@@ -349,6 +356,12 @@ impl FairWindow {
         let lane_id = (tenant, class);
         let lane = t.lanes.entry(lane_id.clone()).or_default();
         let pl = lane.part_or_default(k.partition);
+        if pl.jobs.contains(&k) {
+            // Handed over again (found by a read and followed from the
+            // store both): nothing is missing. Marking it missing would
+            // let it be released and then read back while in flight.
+            return;
+        }
         let fits = room && pl.jobs.len() < LANE_JOBS && pl.missing_from.is_none_or(|m| k < m);
         if fits {
             if pl.jobs.insert(k, job) {

@@ -88,11 +88,12 @@ impl PartLane {
         !self.jobs.is_empty() || self.missing_from.is_some()
     }
 
-    /// The lane's next job, if it is known without reading the store.
+    /// The lane's next job, if it is known without reading the store (not
+    /// when a job at or before it may be missing).
     pub(super) fn next(&self) -> Option<&DueKey> {
         let k = self.jobs.first_key()?;
         match &self.missing_from {
-            Some(m) if m < k => None,
+            Some(m) if m <= k => None,
             _ => Some(k),
         }
     }

@@ -125,9 +125,11 @@ impl FairWindow {
                 if *stopped {
                     continue;
                 }
-                // At least one job for the lane asked for, so a full
-                // buffer never stalls it.
-                let first = whose == asked && pl.jobs.is_empty();
+                // The lane asked for always gets its next job, even with
+                // every buffer full: so a lane whose buffered jobs all come
+                // after a job it is missing (one handed to it late, when
+                // there was no room) is never stalled by a full window.
+                let first = whose == asked && pl.jobs.first_key().is_none_or(|b| k < *b);
                 if !first && (index.len() >= *capacity || pl.jobs.len() >= LANE_JOBS) {
                     *stopped = true;
                     pl.missing_from = Some(k);
