@@ -29,15 +29,20 @@ impl Stalled {
         released: &HashMap<&str, usize>,
         allowance: &HashMap<String, usize>,
     ) {
+        // Most rounds release from every fair topic: nothing to look at,
+        // and the window's lock is not taken again.
+        let idle: Vec<&String> = (shared.cfg.fair.topics.iter())
+            .filter(|t| released.get(t.as_str()).is_none_or(|n| *n == 0))
+            .collect();
+        if idle.is_empty() && self.since.is_empty() {
+            return;
+        }
         let waiting: Vec<String> = {
             let w = shared.wheel();
             let Some(fair) = w.fair() else {
                 return;
             };
-            fair.topics()
-                .filter(|t| fair.is_waiting(t) && released.get(t).is_none_or(|n| *n == 0))
-                .map(str::to_string)
-                .collect()
+            idle.into_iter().filter(|t| fair.is_waiting(t)).cloned().collect()
         };
         self.since.retain(|t, _| waiting.contains(t));
         for topic in waiting {
