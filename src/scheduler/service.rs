@@ -69,7 +69,7 @@ use firing::Firing;
 use probe::probe_loop;
 use rebalance::Ctx;
 pub use stats::SchedulerStats;
-use stats::{stats, Stats};
+use stats::{fair_status, stats, FairStatus, Stats};
 use upkeep::cascade_loop;
 
 /// Why the scheduler stopped.

@@ -167,6 +167,12 @@ impl TenantOrder {
         }
     }
 
+    /// The shared name of `tenant`, if it is known (waiting, or recently
+    /// served): a look-up by name that allocates nothing.
+    pub fn name(&self, tenant: &str) -> Option<&Arc<str>> {
+        self.tenants.get_key_value(tenant).map(|(name, _)| name)
+    }
+
     /// Whether `tenant` is known to have jobs of `class` waiting.
     pub fn is_waiting(&self, tenant: &str, class: usize) -> bool {
         let bit = 1u8 << class.min(PRIORITY_CLASSES - 1);

@@ -351,7 +351,8 @@ impl FairWindow {
         let Some(t) = self.topics.get_mut(job.job.topic.as_str()) else {
             return;
         };
-        let tenant: Arc<str> = Arc::from(job.job.tenant.as_deref().unwrap_or(""));
+        let tenant = job.job.tenant.as_deref().unwrap_or("");
+        let tenant: Arc<str> = t.order.name(tenant).cloned().unwrap_or_else(|| Arc::from(tenant));
         let class = job.job.priority.class();
         let lane_id = (tenant, class);
         let lane = t.lanes.entry(lane_id.clone()).or_default();

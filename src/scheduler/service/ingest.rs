@@ -25,7 +25,7 @@ use rdkafka::Message;
 use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
-use super::{stats, Ctx, SchedulerError, Shared};
+use super::{fair_status, stats, Ctx, SchedulerError, Shared};
 
 use super::direct::DirectOffsets;
 use crate::hash::HashMap;
@@ -219,6 +219,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
             Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
+        // At most the one record just polled (each batch is taken below).
         let mut bytes: usize = msgs.iter().map(record_bytes).sum();
         while !msgs.is_empty() && msgs.len() < cfg.scheduler.ingest_batch && bytes < BATCH_BYTES {
             match consumer.poll(Duration::ZERO) {
@@ -237,7 +238,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
             if shared.stop.is_cancelled() {
                 break; // do not half-process a batch on the way out
             }
-            let batch = read_batch(shared, &msgs);
+            let batch = read_batch(shared, &msgs, bytes);
             msgs.clear();
             shared.applying.push(batch, most);
         }
@@ -302,16 +303,10 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
         .sum();
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
         fired = st.fired, skipped = st.skipped, dead_lettered = st.dead_lettered, lag, "scheduler status");
-    let fair = &shared.cfg.fair;
-    if !fair.topics.is_empty() {
-        // What fair release waits on: the workers' backlog against its
-        // target, and the jobs and tenants the window holds.
-        let (buffered, tenants) = shared
-            .wheel()
-            .fair()
-            .map_or((0, Vec::new()), |f| (f.buffered(), f.tenants_waiting()));
-        info!(backlog = ?shared.backlog.current(), target = ?shared.backlog.targets(fair.backlog_target, fair.backlog_time),
-            released = ?shared.backlog.released_total(), buffered, tenants_waiting = ?tenants, "fair dispatch status");
+    if !shared.cfg.fair.topics.is_empty() {
+        let f = fair_status(shared);
+        info!(backlog = ?f.backlog, target = ?f.target, released = ?f.released, buffered = f.buffered,
+            tenants_waiting = ?f.tenants_waiting, "fair dispatch status");
     }
 }
 
@@ -383,12 +378,13 @@ pub(super) fn id_of(c: &Command) -> JobId {
 /// and claim the jobs it names. From then on no job the batch changes can
 /// fire unchanged, so the partitions count as read this far and jobs due up
 /// to here may fire, without waiting for the batch to be persisted.
-pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> ReadBatch {
+/// `bytes`: the records' keys and payloads, as the read loop counted them.
+pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>], bytes: usize) -> ReadBatch {
     let cfg = &shared.cfg;
     let mut b = ReadBatch {
         records: Vec::with_capacity(msgs.len()),
         read: msgs.len() as u64,
-        bytes: msgs.iter().map(record_bytes).sum(),
+        bytes,
         ..ReadBatch::default()
     };
     let mut created: HashMap<i32, i64> = HashMap::default();

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
-use super::{stats, SchedulerHandle};
+use super::{fair_status, stats, FairStatus, SchedulerHandle};
 use crate::admin::{Metrics, Source};
 use crate::job::JobId;
 
@@ -82,21 +82,13 @@ fn due_timeline(h: &SchedulerHandle) -> serde_json::Value {
     json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": pending_over(h, &edges)})
 }
 
-/// Per fair topic, tenants with due jobs waiting.
-fn fair_waiting(h: &SchedulerHandle) -> Vec<(String, usize)> {
-    h.shared
-        .wheel()
-        .fair()
-        .map(|f| f.tenants_waiting())
-        .unwrap_or_default()
-}
-
 /// The scheduler's dashboard (a static page that reads `/status` and `/dlq`).
 const DASHBOARD: &str = include_str!("dashboard.html");
 
 impl Source for SchedulerHandle {
     fn metrics(&self) -> Metrics {
         let s = stats(&self.shared);
+        let fair = fair_status(&self.shared);
         let parts = partitions(self);
         let mut m = Metrics::default();
         m.gauge(
@@ -196,33 +188,26 @@ impl Source for SchedulerHandle {
             "Per fair topic, jobs released and not yet committed by the worker group (kept near \
                  [fair] backlog_target).",
             "topic",
-            self.shared.backlog.current(),
+            fair.backlog,
         )
         .gauge_by(
             "kairos_scheduler_fair_backlog_target",
             "Per fair topic, the backlog aimed at: [fair] backlog_target, or what the workers \
                  finished in [fair] backlog_time at their recent pace when that is more.",
             "topic",
-            self.shared.backlog.targets(
-                self.shared.cfg.fair.backlog_target,
-                self.shared.cfg.fair.backlog_time,
-            ),
+            fair.target,
         )
         .counter_by(
             "kairos_scheduler_fair_released",
             "Per fair topic, jobs released in fair order.",
             &["topic"],
-            self.shared
-                .backlog
-                .released_total()
-                .into_iter()
-                .map(|(t, n)| (vec![t], n)),
+            fair.released.into_iter().map(|(t, n)| (vec![t], n)),
         )
         .gauge_by(
             "kairos_scheduler_fair_tenants_waiting",
             "Per fair topic, tenants with due jobs waiting to be released.",
             "topic",
-            fair_waiting(self).into_iter().map(|(t, n)| (t, n as i64)),
+            fair.tenants_waiting.into_iter().map(|(t, n)| (t, n as i64)),
         )
         .histogram(
             "kairos_scheduler_catch_up_seconds",
@@ -243,6 +228,7 @@ impl Source for SchedulerHandle {
             .map(|(p, pending, behind)| json!({"partition": p, "pending": pending, "read_behind_ms": behind}))
             .collect();
         let late = self.shared.stats.fire_lateness.summary_ms();
+        let fair = fair_status(&self.shared);
         json!({
             "role": "scheduler",
             "instance_id": self.shared.instance_id,
@@ -253,9 +239,9 @@ impl Source for SchedulerHandle {
             "due_timeline": due_timeline(self),
             "fire_lateness_ms": {"count": late.0, "p50_at_most": late.1, "p99_at_most": late.2},
             "features": {"fair_topics": self.shared.cfg.fair.topics, "hold_key": false},
-            "fair": fair_waiting(self).into_iter().map(|(t, n)| {
-                let backlog = self.shared.backlog.current().into_iter().find(|(b, _)| *b == t).map(|(_, b)| b);
-                (t, json!({"tenants_waiting": n, "backlog": backlog}))
+            "fair": fair.tenants_waiting.iter().map(|(t, n)| {
+                let backlog = FairStatus::of(&fair.backlog, t);
+                (t.clone(), json!({"tenants_waiting": n, "backlog": backlog}))
             }).collect::<serde_json::Map<_, _>>(),
             "stopping": self.shared.stop.is_cancelled(),
         })

@@ -84,3 +84,48 @@ pub(super) fn stats(shared: &Shared) -> SchedulerStats {
         replayed: shared.stats.replayed.load(Ordering::Relaxed),
     }
 }
+
+/// What fair release waits on, per fair topic: the workers' backlog against
+/// its target, the jobs released, and the tenants and jobs the fair window
+/// holds. One snapshot for the status line, the metrics and the no-release
+/// warning.
+#[derive(Debug, Default)]
+pub(super) struct FairStatus {
+    /// Jobs released and not yet committed by the worker group (`None`: the
+    /// group's progress was never read).
+    pub(super) backlog: Vec<(String, i64)>,
+    /// The backlog aimed at.
+    pub(super) target: Vec<(String, i64)>,
+    /// Jobs released in fair order since start.
+    pub(super) released: Vec<(String, u64)>,
+    /// Tenants with due jobs waiting.
+    pub(super) tenants_waiting: Vec<(String, usize)>,
+    /// Fair jobs buffered in memory, over all fair topics.
+    pub(super) buffered: usize,
+}
+
+impl FairStatus {
+    /// `topic`'s entry of one of the per-topic lists.
+    pub(super) fn of<T: Copy>(list: &[(String, T)], topic: &str) -> Option<T> {
+        list.iter().find(|(t, _)| t == topic).map(|(_, v)| *v)
+    }
+}
+
+/// The fair topics' status now (empty when there are none).
+pub(super) fn fair_status(shared: &Shared) -> FairStatus {
+    let fair = &shared.cfg.fair;
+    if fair.topics.is_empty() {
+        return FairStatus::default();
+    }
+    let (buffered, tenants_waiting) = shared
+        .wheel()
+        .fair()
+        .map_or((0, Vec::new()), |f| (f.buffered(), f.tenants_waiting()));
+    FairStatus {
+        backlog: shared.backlog.current(),
+        target: shared.backlog.targets(fair.backlog_target, fair.backlog_time),
+        released: shared.backlog.released_total(),
+        tenants_waiting,
+        buffered,
+    }
+}

@@ -151,3 +151,21 @@ fn the_order_holds_over_many_half_lives_and_weights_can_change() {
     let ratio = counts["b"] as f64 / counts["a"] as f64;
     assert!((ratio - 2.0).abs() <= 0.1, "{counts:?}");
 }
+
+#[test]
+fn a_known_tenant_is_found_by_name_as_the_one_shared_name_until_it_is_forgotten() {
+    let mut o = TenantOrder::new(Weights::default(), H, 0);
+    assert!(o.name("a").is_none(), "unknown");
+    o.set_waiting("a", 1, true);
+    let pick = o.pick().expect("a waits");
+    let name = o.name("a").expect("known while waiting").clone();
+    assert!(
+        Arc::ptr_eq(&name, &pick.tenant),
+        "the same allocation as the order's"
+    );
+    o.charge(&pick, 0, 1.0);
+    o.set_waiting("a", 1, false);
+    assert!(o.name("a").is_some(), "recently served: still known");
+    o.sweep(100 * H);
+    assert!(o.name("a").is_none(), "forgotten once its service decayed away");
+}

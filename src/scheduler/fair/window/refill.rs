@@ -109,7 +109,12 @@ impl FairWindow {
                 let Some(t) = topics.get_mut(j.topic.as_str()) else {
                     continue;
                 };
-                let id: LaneId = (Arc::from(j.tenant.as_deref().unwrap_or("")), j.priority.class());
+                // A tenant with a lane is known to its order (no lane
+                // otherwise): its name is looked up, not allocated.
+                let Some(name) = t.order.name(j.tenant.as_deref().unwrap_or("")) else {
+                    continue;
+                };
+                let id: LaneId = (name.clone(), j.priority.class());
                 let Some(pl) = t.lanes.get_mut(&id).and_then(|l| l.part_mut(p)) else {
                     continue;
                 };

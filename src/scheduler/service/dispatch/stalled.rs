@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
+use super::super::{fair_status, FairStatus};
 use super::{Shared, HELD_WARNING};
 use crate::hash::HashMap;
 
@@ -54,21 +55,14 @@ impl Stalled {
                 continue;
             }
             *logged = Some(Instant::now());
-            let fair = &shared.cfg.fair;
-            let of = |v: Vec<(String, i64)>| v.into_iter().find(|(t, _)| *t == topic).map(|(_, n)| n);
-            let backlog = of(shared.backlog.current());
-            let target = of(shared.backlog.targets(fair.backlog_target, fair.backlog_time));
-            let (buffered, tenants) = {
-                let w = shared.wheel();
-                let f = w.fair();
-                let tenants = f
-                    .map(|f| f.tenants_waiting())
-                    .and_then(|t| t.into_iter().find(|(t, _)| *t == topic))
-                    .map_or(0, |(_, n)| n);
-                (f.map_or(0, |f| f.buffered()), tenants)
-            };
+            let f = fair_status(shared);
+            let (backlog, target) = (
+                FairStatus::of(&f.backlog, &topic),
+                FairStatus::of(&f.target, &topic),
+            );
+            let tenants = FairStatus::of(&f.tenants_waiting, &topic).unwrap_or(0);
             warn!(topic = %topic, stalled_for = ?since.elapsed(), allowance = allowance.get(&topic).copied().unwrap_or(0),
-                backlog = ?backlog, target = ?target, tenants_waiting = tenants, buffered,
+                backlog = ?backlog, target = ?target, tenants_waiting = tenants, buffered = f.buffered,
                 "fair topic: jobs waiting and none released (allowance 0: the workers have not finished the backlog; backlog None: their progress was never read)");
         }
     }
