@@ -17,6 +17,8 @@
 //! every job of its key written before it had succeeded (reported: not yet
 //! zero under faults, see RELIABILITY.md).
 //!
+//! `KAIROS_CRASH_TIMELINE=1` prints, for the first keys whose order broke in
+//! hold-key mode, every start and end of their jobs with the fault times.
 //! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
 //! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
 //! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
@@ -592,6 +594,27 @@ async fn crash_suite(mode: Mode) {
                         "{key}: {} attempt {} started before {before} earlier jobs succeeded",
                         e.id, e.attempt
                     );
+                    if std::env::var("KAIROS_CRASH_TIMELINE").is_ok() {
+                        let t0 = fault_times.first().copied().unwrap_or(0);
+                        eprintln!(
+                            "  faults at {:?} ms; log {log:?}",
+                            fault_times
+                                .iter()
+                                .map(|f| (*f as i128 - t0 as i128) / 1_000_000)
+                                .collect::<Vec<_>>()
+                        );
+                        for ev in events_now.iter().filter(|x| x.key == *key) {
+                            let pos = position.get(&ev.id).map(|p| p.1);
+                            eprintln!(
+                                "  {:>8} ms pid {} {} job#{pos:?} (fails {}) attempt {}",
+                                (ev.nanos as i128 - t0 as i128) / 1_000_000,
+                                ev.pid,
+                                if ev.start { "start" } else { "end  " },
+                                fails[&ev.id],
+                                ev.attempt
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -97,7 +97,7 @@ pub struct Hold {
     /// (which has not come back since), ms (not kept).
     #[serde(skip, default = "never")]
     pub gap_since_ms: i64,
-    /// The last park sequence handed to Kafka: what the held topic may
+    /// The last park sequence Kafka acknowledged: what the held topic may
     /// say was given (a park not written when the worker dies is read
     /// again and parked anew, so its number must not count).
     #[serde(skip)]
@@ -110,6 +110,12 @@ pub struct Hold {
     /// it comes back (it no longer holds the key meanwhile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<Box<JobId>>,
+    /// The work-topic offset of the latest parked job Kafka acknowledged
+    /// ([`NO_OFFSET`]: none). A job of the key read again at or below it
+    /// (the partition's offsets were not committed when its owner stopped)
+    /// was dealt with already: see [`Holds::read_again`].
+    #[serde(default = "no_offset", skip_serializing_if = "is_no_offset")]
+    pub parked_to: i64,
 }
 
 impl Hold {
@@ -144,9 +150,15 @@ impl Hold {
         }
     }
 
-    /// A park with sequence `seq` is handed to Kafka.
-    pub fn sent(&mut self, seq: u32) {
+    /// A park with sequence `seq` is acknowledged by Kafka; `fresh`: the offset
+    /// of the job, when it was read as written (not a parked job back from
+    /// the scheduler, whose own record's offset says nothing of the jobs
+    /// read before it).
+    pub fn sent(&mut self, seq: u32, fresh: Option<i64>) {
         self.sent_seq = self.sent_seq.max(seq);
+        if let Some(offset) = fresh {
+            self.parked_to = self.parked_to.max(offset);
+        }
     }
 }
 
@@ -182,6 +194,17 @@ fn never() -> i64 {
     NEVER
 }
 
+/// No offset: [`Hold::parked_to`] before any park was written.
+pub const NO_OFFSET: i64 = -1;
+
+fn no_offset() -> i64 {
+    NO_OFFSET
+}
+
+fn is_no_offset(offset: &i64) -> bool {
+    *offset == NO_OFFSET
+}
+
 /// A parked job back before its turn (the blocker's next run not back yet,
 /// or a job parked before it still out) goes out again due this much later
 /// (or with the blocker's next run, if that is later).
@@ -190,9 +213,9 @@ pub(crate) const BACK_TOO_SOON_MS: i64 = 1_000;
 /// How long a key waits for a missing piece before it gives up on it and
 /// goes on: a parked job before a returning one that has not come back, or
 /// a blocker whose next run was due this long ago and has not come back
-/// (a park or a retry lost to a crash at the wrong moment, or a retry
-/// cancelled by hand). Order is kept in every other case; giving up trades
-/// it, for that key, for not being held forever (logged).
+/// (a retry cancelled by hand, or a piece delayed or lost by faults).
+/// Order is kept in every other case; giving up trades it, for that key,
+/// for not being held forever (logged).
 pub(crate) const GIVE_UP_MS: i64 = 30_000;
 
 /// How a job of a holdable key settled, as far as its key is concerned.

@@ -2,7 +2,8 @@
 //! parked, and what each settlement changes (the types are the parent's).
 
 use super::{
-    Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER, WAIT_MS,
+    Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER, NO_OFFSET,
+    WAIT_MS,
 };
 use crate::hash::HashMap;
 use crate::job::{Job, JobId};
@@ -109,6 +110,34 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn drop_partition(&mut self, partition: P) {
         if let Some(part) = self.keys.remove(&partition) {
             self.set_len(self.len - part.len());
+        }
+    }
+
+    /// Whether `job`, read from `partition` at `offset`, was dealt with
+    /// already by its key's hold and is only read again (the partition's
+    /// offsets were not committed when its previous owner stopped): a job
+    /// at or below the last parked one handed to Kafka, neither a parked
+    /// job back from the scheduler nor the blocker's next run. Such a job
+    /// was parked (it comes back with its number), ran before the key was
+    /// held, or is an earlier run of the blocker (its failure is what holds
+    /// the key). Parking it again would give it a second number, and the
+    /// scheduler, which keeps a job id once, would lose the first: the key
+    /// would wait for a number that never comes back.
+    pub fn read_again(&self, partition: P, job: &Job, offset: i64) -> bool {
+        // A job that may start early went to the scheduler, not to a park,
+        // when it was read: nothing says it got there.
+        if self.len == 0 || job.parked.is_some() || job.early.is_some() {
+            return false;
+        }
+        let Some(h) = self.get(partition, &job.key) else {
+            return false;
+        };
+        if offset > h.parked_to {
+            return false;
+        }
+        match &h.blocker {
+            Some(b) if b.id == job.id => job.attempt < b.attempt,
+            _ => true,
         }
     }
 
@@ -292,6 +321,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     tail_at_ms: i64::MIN,
                     since_ms: now_ms,
                     released: None,
+                    parked_to: NO_OFFSET,
                 };
                 let h = self.insert(partition, &job.key, fresh);
                 if h.released.as_deref() == Some(&job.id) {

@@ -43,7 +43,7 @@ pub fn decode(value: Option<&[u8]>) -> Result<Option<Hold>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::hold::{Blocker, Cause, NEVER};
+    use crate::worker::hold::{Blocker, Cause, NEVER, NO_OFFSET};
 
     #[test]
     fn keys_and_values_round_trip() {
@@ -70,9 +70,11 @@ mod tests {
             tail_at_ms: 5,
             since_ms: 1,
             released: None,
+            parked_to: 41,
         };
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
+        assert_eq!(back.parked_to, 41, "kept");
         assert!(!back.blocker.as_ref().unwrap().arrived, "not kept");
         assert_eq!((back.admitted_seq, back.done_seq, back.last_seq), (0, 1, 4));
         assert_eq!(back.blocker.unwrap().id, hold.blocker.unwrap().id);
@@ -80,5 +82,19 @@ mod tests {
         let tomb = record("kairos.held", "crawl", b"k", &Change::Let);
         assert_eq!(tomb.value, None);
         assert!(decode(Some(b"{")).is_err());
+    }
+
+    #[test]
+    fn a_hold_written_before_parked_to_existed_reads_as_none_parked() {
+        let old = br#"{"blocker":null,"last_seq":2,"done_seq":1,"tail_at_ms":5,"since_ms":1}"#;
+        let back = decode(Some(&old[..])).unwrap().unwrap();
+        assert_eq!(back.parked_to, NO_OFFSET);
+        let none = Hold {
+            parked_to: NO_OFFSET,
+            ..back
+        };
+        let rec = record("kairos.held", "crawl", b"k", &Change::Put(none));
+        let text = String::from_utf8(rec.value.unwrap()).unwrap();
+        assert!(!text.contains("parked_to"), "left out when none: {text}");
     }
 }

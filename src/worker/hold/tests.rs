@@ -339,6 +339,7 @@ fn holds_are_per_partition_and_dropped_with_it() {
         tail_at_ms: 100_000,
         since_ms: 0,
         released: None,
+        parked_to: NO_OFFSET,
     };
     holds.load(1, b"k", Some(h.clone()));
     holds.load(2, b"k", Some(h));
@@ -348,4 +349,59 @@ fn holds_are_per_partition_and_dropped_with_it() {
     assert!(matches!(holds.admit(2, &job("k", 1), 0), Admit::Park { .. }));
     holds.load(2, b"k", None);
     assert!(holds.is_empty());
+}
+
+#[test]
+fn jobs_read_again_after_their_parks_were_written_are_not_parked_again() {
+    // Key k in the work topic: job 1 at offset 10 fails; jobs 2 and 3
+    // (offsets 11, 12) are parked and handed to Kafka with the hold.
+    let mut holds = Holds::new(10);
+    let (j1, j2, j3, j4) = (job("k", 1), job("k", 2), job("k", 3), job("k", 4));
+    assert_eq!(holds.admit(P, &j1, 0), Admit::Run);
+    holds.settled(P, &j1, again(60_000), 0);
+    for (j, offset) in [(&j2, 11), (&j3, 12)] {
+        let Admit::Park { seq, .. } = holds.admit(P, j, 10) else {
+            panic!("parked behind job 1")
+        };
+        holds.get_mut(P, b"k").expect("held").sent(seq, Some(offset));
+    }
+    // A parked job out again (its own record at offset 30) does not move
+    // the mark: job 4, read at 20 and waiting in memory, was not parked.
+    holds.get_mut(P, b"k").expect("held").sent(1, None);
+    // The worker dies before the offsets are committed; the next owner
+    // reads the hold back, then the partition from offset 10 again.
+    let written = holds.get(P, b"k").expect("held").to_write();
+    assert_eq!(written.parked_to, 12);
+    let mut next = Holds::new(10);
+    next.load(P, b"k", Some(written));
+    assert!(
+        next.read_again(P, &j1, 10),
+        "job 1's first run: its failure holds the key"
+    );
+    assert!(next.read_again(P, &j2, 11), "parked already: not a second number");
+    assert!(next.read_again(P, &j3, 12));
+    assert!(!next.read_again(P, &j4, 20), "never parked");
+    assert!(matches!(next.admit(P, &j4, 20), Admit::Park { seq: 3, .. }));
+    // Job 1's next run (attempt 2) is not a run read again, wherever it
+    // sits; nor is a parked job back from the scheduler.
+    let mut retry = j1.clone();
+    retry.attempt = 2;
+    assert!(!next.read_again(P, &retry, 5));
+    assert!(!next.read_again(
+        P,
+        &back(
+            &j2,
+            Admit::Park {
+                seq: 1,
+                at_ms: 60_001
+            }
+        ),
+        7
+    ));
+    // A job that may start early was handed to the scheduler, not parked.
+    let mut early = job("k", 5);
+    early.early = Some(std::time::Duration::from_secs(1));
+    assert!(!next.read_again(P, &early, 9));
+    // Another key, or a key not held, is never read again.
+    assert!(!next.read_again(P, &job("other", 1), 1));
 }

@@ -7,16 +7,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::keeper::ParkedJob;
-use super::offsets::write_in_background;
+use super::offsets::{finish_in, write_in_background};
 use super::{Entry, Shared, State, Tp, WorkerError};
 
 use crate::config::OnFailure;
 use crate::job::{Job, JobId};
 use crate::kafka;
-use crate::worker::hold::{record, Admit, Cause, HoldUpdate, Settlement};
+use crate::worker::hold::{record, Admit, Cause, HoldUpdate, Settlement, GIVE_UP_MS};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
@@ -80,12 +80,18 @@ pub(super) fn admit(
     if !shared.holding[e.tp.0] {
         return Some(e);
     }
+    if st.holds.read_again(e.tp, &e.job, e.offset) {
+        debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
+            "read again: its key's hold dealt with it already (parked, or an earlier run of the job holding the key)");
+        finish_in(st, e.tp, e.offset, None);
+        return None;
+    }
     let gave_up = |st: &State| st.holds.get(e.tp, &e.job.key).map_or(0, |h| h.gave_up);
     let before = gave_up(st);
     let admit = st.holds.admit(e.tp, &e.job, now_ms);
     if gave_up(st) > before {
         warn!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
-            "held key gave up waiting for a job that did not come back in 30 s; its order may not hold");
+            gave_up_after_ms = GIVE_UP_MS, "held key gave up waiting for a job that did not come back; its order may not hold");
     }
     match admit {
         Admit::Run => Some(e),
@@ -126,6 +132,7 @@ fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJ
 /// A parked job as the keeper writes it; its partition's in-flight count
 /// covers it until written.
 fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
+    let fresh = job.parked.is_none();
     job.parked = Some(seq);
     job.early = None;
     job.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or(job.run_at);
@@ -136,6 +143,7 @@ fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i6
         tp,
         offset,
         generation,
+        fresh,
     }
 }
 
@@ -287,7 +295,7 @@ pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
         for (tp, key, _) in st.holds.give_up_waiting(now_ms) {
             let entries = st.waiting.remove(&(tp, key.to_vec())).unwrap_or_default();
             warn!(key = %String::from_utf8_lossy(&key), partition = tp.1, waiting = entries.len(),
-                "held key gave up waiting for parked jobs that did not come back; its order may not hold");
+                gave_up_after_ms = GIVE_UP_MS, "held key gave up waiting for parked jobs that did not come back; its order may not hold");
             for e in entries {
                 st.table.push(e);
             }

@@ -1,11 +1,12 @@
 //! The keeper: the one task that writes what held keys need, in order:
 //! parked jobs to the schedule topic (due no earlier than the job holding
 //! their key, marked with their park sequence) and each touched key's hold
-//! as it is now to the held topic. A round's records are all acknowledged
-//! before the next round is written, so a key's parked jobs reach the
-//! scheduler in the order they were parked; parked jobs' offsets are
-//! finished, and waiting settlements answered, only once their round is
-//! acknowledged.
+//! as it is now to the held topic, once the parked jobs are acknowledged
+//! (a hold counts only parks Kafka has). A round's records are all
+//! acknowledged before the next round is written, so a key's parked jobs
+//! reach the scheduler in the order they were parked; parked jobs' offsets
+//! are finished, and waiting settlements answered, only once their round
+//! is acknowledged.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +30,11 @@ pub(super) struct ParkedJob {
     pub(super) offset: i64,
     /// The ownership of `tp` it was read under.
     pub(super) generation: u64,
+    /// Read from the work topic as written, not back from the scheduler
+    /// as a parked job: its offset counts in [`Hold::parked_to`].
+    ///
+    /// [`Hold::parked_to`]: crate::worker::hold::Hold::parked_to
+    pub(super) fresh: bool,
 }
 
 /// What the keeper is asked to write.
@@ -115,71 +121,130 @@ pub(super) async fn keep(
 }
 
 /// Write a round until it is acknowledged, or until none of its partitions
-/// is owned by the ownership it was asked under (then `false`).
+/// is owned by the ownership it was asked under (then `false`): first its
+/// parked jobs, then, once Kafka has them all, the holds of the keys it
+/// touched. A hold is never written counting a park Kafka may not have
+/// (the two go to different partitions, acknowledged apart: a worker killed
+/// between them would leave a hold that says a job was parked when it was
+/// not, and the job's next reader would take it as dealt with).
 async fn write_round(shared: &Shared, round: &[Request]) -> bool {
     let mut delay = kafka::RetryDelay::new();
+    let mut parks_written = false;
     loop {
-        let records = records_of(shared, round);
-        if records.is_empty() {
+        let (parks, keys) = parks_of(shared, round);
+        if parks.is_empty() && keys.is_empty() {
             return false;
         }
-        let sends: Vec<_> = records.iter().map(|(rec, p)| (rec, *p)).collect();
-        let acks = kafka::enqueue_all(&shared.raw, &sends).await;
-        let failed = futures::future::join_all(acks)
-            .await
-            .into_iter()
-            .find_map(Result::err);
-        match failed {
-            None => return true,
-            Some(e) => warn!(error = %e, records = records.len(),
-                "writing parked jobs or held keys failed; retrying"),
+        if !parks_written {
+            match send(shared, &parks).await {
+                Ok(()) => {
+                    mark_sent(shared, round);
+                    parks_written = true;
+                }
+                Err(e) => {
+                    warn!(error = %e, records = parks.len(), "writing parked jobs failed; retrying");
+                    tokio::time::sleep(delay.next_delay()).await;
+                    continue;
+                }
+            }
+        }
+        let holds = holds_of(shared, &keys);
+        match send(shared, &holds).await {
+            Ok(()) => return true,
+            Err(e) => warn!(error = %e, records = holds.len(), "writing held keys failed; retrying"),
         }
         tokio::time::sleep(delay.next_delay()).await;
     }
 }
 
-/// The round's records, with the partition each must go to, for
-/// partitions still owned as asked: parked jobs in order (partitioned by
-/// key, as every schedule-topic write), then each touched key's hold once,
-/// as it is now (held-topic partition = work partition).
-fn records_of(shared: &Shared, round: &[Request]) -> Vec<(OwnedRecord, Option<i32>)> {
-    let mut st = shared.state();
-    let st = &mut *st;
-    let owned = |tp: &Tp, generation: u64| st.owned.get(tp).is_some_and(|o| o.generation == generation);
+/// A record and the partition it must go to (`None`: by its key).
+type Pinned = (OwnedRecord, Option<i32>);
+
+/// Send records and wait for every acknowledgement; the first error.
+async fn send(shared: &Shared, records: &[Pinned]) -> Result<(), String> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let sends: Vec<_> = records.iter().map(|(rec, p)| (rec, *p)).collect();
+    let acks = kafka::enqueue_all(&shared.raw, &sends).await;
+    match futures::future::join_all(acks)
+        .await
+        .into_iter()
+        .find_map(Result::err)
+    {
+        None => Ok(()),
+        Some(e) => Err(e.to_string()),
+    }
+}
+
+/// Whether `tp` is still owned as it was when a request was made.
+fn owned(st: &super::State, tp: &Tp, generation: u64) -> bool {
+    st.owned.get(tp).is_some_and(|o| o.generation == generation)
+}
+
+/// The round's parked jobs, in order, for partitions still owned as asked
+/// (partitioned by key, as every schedule-topic write), and the keys whose
+/// holds the round writes (each once).
+fn parks_of(shared: &Shared, round: &[Request]) -> (Vec<Pinned>, Vec<(Tp, Vec<u8>)>) {
+    let st = shared.state();
     let mut out = Vec::new();
-    let mut keys: Vec<(Tp, &[u8])> = Vec::new();
+    let mut keys: Vec<(Tp, Vec<u8>)> = Vec::new();
     let mut seen: HashSet<(Tp, &[u8])> = HashSet::default();
     for req in round {
         match req {
             Request::Park(jobs) => {
-                for p in jobs.iter().filter(|p| owned(&p.tp, p.generation)) {
+                for p in jobs.iter().filter(|p| owned(&st, &p.tp, p.generation)) {
                     out.push((wire::encode(&p.job, &shared.cfg.topics.schedule), None));
-                    if let (Some(h), Some(seq)) = (st.holds.get_mut(p.tp, &p.job.key), p.job.parked) {
-                        h.sent(seq);
-                    }
                     if seen.insert((p.tp, &p.job.key)) {
-                        keys.push((p.tp, &p.job.key));
+                        keys.push((p.tp, p.job.key.clone()));
                     }
                 }
             }
             Request::Write {
                 tp, key, generation, ..
             } => {
-                if owned(tp, *generation) && seen.insert((*tp, key)) {
-                    keys.push((*tp, key));
+                if owned(&st, tp, *generation) && seen.insert((*tp, key)) {
+                    keys.push((*tp, key.clone()));
                 }
             }
         }
     }
-    for (tp, key) in keys {
-        let change = match st.holds.get(tp, key) {
-            Some(h) => Change::Put(h.to_write()),
-            None => Change::Let,
-        };
-        let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, &change);
-        out.push((rec, Some(tp.1)));
+    (out, keys)
+}
+
+/// The round's parks are acknowledged: their keys' holds may count them.
+fn mark_sent(shared: &Shared, round: &[Request]) {
+    let mut st = shared.state();
+    let st = &mut *st;
+    for req in round {
+        if let Request::Park(jobs) = req {
+            for p in jobs {
+                if !owned(st, &p.tp, p.generation) {
+                    continue;
+                }
+                if let (Some(h), Some(seq)) = (st.holds.get_mut(p.tp, &p.job.key), p.job.parked) {
+                    h.sent(seq, p.fresh.then_some(p.offset));
+                }
+            }
+        }
     }
-    out
+}
+
+/// Each key's hold as it is now (held-topic partition = work partition),
+/// for partitions still owned.
+fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
+    let st = shared.state();
+    keys.iter()
+        .filter(|(tp, _)| st.owned.contains_key(tp))
+        .map(|(tp, key)| {
+            let change = match st.holds.get(*tp, key) {
+                Some(h) => Change::Put(h.to_write()),
+                None => Change::Let,
+            };
+            let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, &change);
+            (rec, Some(tp.1))
+        })
+        .collect()
 }
 
 /// Finish a round: parked jobs' offsets (when written), answers to writes.
