@@ -274,10 +274,23 @@ async fn a_panicking_handler_and_malformed_records_do_not_stop_the_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_read_before_its_run_at_goes_to_the_scheduler_and_runs_on_time() {
+    read_before_its_run_at(kairos::config::OnFailure::Overtake).await;
+}
+
+/// On a hold-key topic the hand-over goes through the worker's keeper, in
+/// order with the partition's parked jobs (a hold never counts past a
+/// hand-over Kafka may not have).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_read_before_its_run_at_on_a_hold_key_topic_goes_to_the_scheduler_and_runs_on_time() {
+    read_before_its_run_at(kairos::config::OnFailure::HoldKey).await;
+}
+
+async fn read_before_its_run_at(on_failure: kairos::config::OnFailure) {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let mut cfg = config(&broker, dir.path());
+    cfg.worker.on_failure = on_failure;
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let ran: crate::common::Recorded<(chrono::DateTime<Utc>, chrono::DateTime<Utc>)> = Default::default();

@@ -132,7 +132,10 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let Some(h) = self.get(partition, &job.key) else {
             return false;
         };
-        if offset > h.parked_to {
+        // A released blocker's next run must reach the dead-letter topic,
+        // and its earlier runs cannot be told from it by the hold: while a
+        // release is pending the key's jobs are read as they come.
+        if offset > h.parked_to || h.released.is_some() {
             return false;
         }
         match &h.blocker {

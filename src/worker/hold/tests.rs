@@ -404,4 +404,9 @@ fn jobs_read_again_after_their_parks_were_written_are_not_parked_again() {
     assert!(!next.read_again(P, &early, 9));
     // Another key, or a key not held, is never read again.
     assert!(!next.read_again(P, &job("other", 1), 1));
+    // Nor is anything of a key whose blocker an operator released: its
+    // next run must be dead-lettered, and its runs cannot be told apart.
+    assert!(next.release(P, b"k", j1.id).is_some());
+    assert!(!next.read_again(P, &j1, 10));
+    assert!(!next.read_again(P, &j2, 11));
 }

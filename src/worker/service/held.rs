@@ -129,6 +129,23 @@ fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJ
     }
 }
 
+/// A job read before its run-at on a holdable partition, handed to the
+/// scheduler by the keeper (not parked: no sequence, its run-at kept); its
+/// partition's in-flight count covers it until written.
+pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
+    debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
+        "read before its run-at; handed to the scheduler");
+    *st.in_flight.entry(e.tp).or_insert(0) += 1;
+    let generation = st.owned.get(&e.tp).map_or(0, |o| o.generation);
+    ParkedJob {
+        job: e.job,
+        tp: e.tp,
+        offset: e.offset,
+        generation,
+        fresh: false,
+    }
+}
+
 /// A parked job as the keeper writes it; its partition's in-flight count
 /// covers it until written.
 fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {

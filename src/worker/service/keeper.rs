@@ -23,7 +23,9 @@ use crate::wire::{self, OwnedRecord};
 use crate::worker::hold::{record, Change};
 use crate::worker::service::offsets::finish_in;
 
-/// A job parked behind its held key: its park sequence and run-at are set.
+/// A job parked behind its held key (its park sequence and run-at are
+/// set), or one read before its run-at on a holdable partition, handed to
+/// the scheduler (no park sequence).
 pub(super) struct ParkedJob {
     pub(super) job: Job,
     pub(super) tp: Tp,
@@ -195,7 +197,7 @@ fn parks_of(shared: &Shared, round: &[Request]) -> (Vec<Pinned>, Vec<(Tp, Vec<u8
             Request::Park(jobs) => {
                 for p in jobs.iter().filter(|p| owned(&st, &p.tp, p.generation)) {
                     out.push((wire::encode(&p.job, &shared.cfg.topics.schedule), None));
-                    if seen.insert((p.tp, &p.job.key)) {
+                    if p.job.parked.is_some() && seen.insert((p.tp, &p.job.key)) {
                         keys.push((p.tp, p.job.key.clone()));
                     }
                 }
@@ -247,9 +249,10 @@ fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
         .collect()
 }
 
-/// Finish a round: parked jobs' offsets (when written), answers to writes.
+/// Finish a round: parked and handed-over jobs' offsets (when written),
+/// answers to writes.
 fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
-    let mut parked = 0u64;
+    let (mut parked, mut handed) = (0u64, 0u64);
     let mut answers = Vec::new();
     {
         let mut st = shared.state();
@@ -261,7 +264,10 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
                             *n = n.saturating_sub(1);
                         }
                         if written {
-                            parked += 1;
+                            match p.job.parked {
+                                Some(_) => parked += 1,
+                                None => handed += 1,
+                            }
                             finish_in(&mut st, p.tp, p.offset, Some(p.generation));
                         }
                     }
@@ -271,6 +277,10 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
         }
     }
     shared.stats.parked.fetch_add(parked, Ordering::Relaxed);
+    shared
+        .stats
+        .handed_to_scheduler
+        .fetch_add(handed, Ordering::Relaxed);
     for done in answers {
         let _ = done.send(written);
     }

@@ -319,7 +319,14 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             };
             // A job may start from its run-at less its early allowance.
             if e.instead.is_none() && e.job.earliest_start() > now + tolerance {
-                early.push(e);
+                if shared.holding[e.tp.0] {
+                    // Through the keeper, in order with the partition's
+                    // parks: a hold that counts a later park then never
+                    // counts past a hand-over Kafka may not have.
+                    parks.push(held::handed_over(&mut st, e));
+                } else {
+                    early.push(e);
+                }
                 continue;
             }
             st.table.push(e);
