@@ -124,8 +124,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// scheduler, which keeps a job id once, would lose the first: the key
     /// would wait for a number that never comes back.
     pub fn read_again(&self, partition: P, job: &Job, offset: i64) -> bool {
-        // A job that may start early went to the scheduler, not to a park,
-        // when it was read: nothing says it got there.
+        // A job that may start early is read as it comes: it may have
+        // started, or gone to the scheduler, rather than been parked.
         if self.len == 0 || job.parked.is_some() || job.early.is_some() {
             return false;
         }

@@ -130,29 +130,26 @@ fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJ
 }
 
 /// A job read before its run-at on a holdable partition, handed to the
-/// scheduler by the keeper (not parked: no sequence, its run-at kept); its
-/// partition's in-flight count covers it until written.
+/// scheduler by the keeper (not parked: no sequence, its run-at kept).
 pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
     debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
         "read before its run-at; handed to the scheduler");
-    *st.in_flight.entry(e.tp).or_insert(0) += 1;
-    let generation = st.owned.get(&e.tp).map_or(0, |o| o.generation);
-    ParkedJob {
-        job: e.job,
-        tp: e.tp,
-        offset: e.offset,
-        generation,
-        fresh: false,
-    }
+    for_keeper(st, e.job, e.tp, e.offset, false)
 }
 
-/// A parked job as the keeper writes it; its partition's in-flight count
-/// covers it until written.
+/// A parked job as the keeper writes it.
 fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
     let fresh = job.parked.is_none();
     job.parked = Some(seq);
     job.early = None;
     job.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or(job.run_at);
+    for_keeper(st, job, tp, offset, fresh)
+}
+
+/// `job`, read from `tp` at `offset`, for the keeper to write under the
+/// partition's current ownership; the partition's in-flight count covers
+/// it until written.
+fn for_keeper(st: &mut State, job: Job, tp: Tp, offset: i64, fresh: bool) -> ParkedJob {
     *st.in_flight.entry(tp).or_insert(0) += 1;
     let generation = st.owned.get(&tp).map_or(0, |o| o.generation);
     ParkedJob {
