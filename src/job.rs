@@ -93,7 +93,44 @@ impl JobId {
     pub fn uuid(&self) -> Uuid {
         self.0
     }
+
+    /// The id under which the scheduler keeps park number `seq` of this job
+    /// (a copy a worker parked behind its held key). The scheduler keeps
+    /// each id once, so each park gets an id of its own: two parks of one
+    /// job, or a park and the job's retry, never replace each other there
+    /// (a replaced park's number would never come back to its key). The
+    /// park number is mixed into the last four bytes and the variant bits
+    /// mark the result (RFC 4122's `10` becomes `01`); [`JobId::of_park`]
+    /// undoes it. An id that is not RFC 4122 is kept as it is.
+    pub fn for_park(self, seq: u32) -> JobId {
+        match self.variant_bits() {
+            RFC_4122 => self.flip(seq),
+            _ => self,
+        }
+    }
+
+    /// The job's own id, from the id [`JobId::for_park`] gave its park
+    /// number `seq` (any other id is returned as it is).
+    pub fn of_park(self, seq: u32) -> JobId {
+        match self.variant_bits() {
+            PARK_MARK => self.flip(seq),
+            _ => self,
+        }
+    }
+
+    fn variant_bits(self) -> u128 {
+        (self.0.as_u128() >> 62) & 0b11
+    }
+
+    fn flip(self, seq: u32) -> JobId {
+        JobId(Uuid::from_u128(self.0.as_u128() ^ (0b11 << 62) ^ u128::from(seq)))
+    }
 }
+
+/// The variant bits of an RFC 4122 UUID (every id Kairos makes).
+const RFC_4122: u128 = 0b10;
+/// The variant bits of [`JobId::for_park`]'s ids.
+const PARK_MARK: u128 = 0b01;
 
 impl Default for JobId {
     fn default() -> Self {
@@ -367,6 +404,22 @@ mod tests {
         assert_ne!(a, c);
         assert_ne!(a, d);
         assert_eq!(a.uuid().get_version_num(), 7);
+    }
+
+    #[test]
+    fn each_park_of_a_job_has_an_id_of_its_own_that_leads_back_to_the_job() {
+        let id = JobId::new();
+        let (one, two) = (id.for_park(1), id.for_park(2));
+        assert_ne!(one, id);
+        assert_ne!(one, two);
+        assert_ne!(one.uuid().get_variant(), uuid::Variant::RFC4122);
+        assert_eq!(one.of_park(1), id);
+        assert_eq!(two.of_park(2), id);
+        // A job's own id, and an id that is not RFC 4122, stay as they are.
+        assert_eq!(id.of_park(1), id);
+        let nil = JobId::from(Uuid::nil());
+        assert_eq!(nil.for_park(3), nil);
+        assert_eq!(nil.of_park(3), nil);
     }
 
     #[test]

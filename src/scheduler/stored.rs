@@ -4,6 +4,8 @@
 //! and cheap: a 10-million-job store pays for every byte. Decoding checks
 //! every length and never panics.
 
+use std::borrow::Cow;
+
 use chrono::{TimeZone, Utc};
 
 use crate::job::{Job, JobId, Priority};
@@ -44,7 +46,30 @@ pub struct Peeked {
     pub run_at_ms: i64,
 }
 
+/// A job read from the schedule topic, as the scheduler keeps it: a park
+/// under an id of its own ([`JobId::for_park`]), which it keeps in the
+/// store, the changelog and its memory, until the job leaves
+/// ([`StoredJob::outgoing`]).
+pub(crate) fn keep_park_apart(job: &mut Job) {
+    if let Some(seq) = job.parked {
+        job.id = job.id.for_park(seq);
+    }
+}
+
 impl StoredJob {
+    /// The job as it leaves the scheduler (fired, or dead-lettered): a
+    /// park with its job's own id back.
+    pub fn outgoing(&self) -> Cow<'_, Job> {
+        match self.job.parked {
+            Some(seq) if self.job.id.of_park(seq) != self.job.id => {
+                let mut job = self.job.clone();
+                job.id = job.id.of_park(seq);
+                Cow::Owned(job)
+            }
+            _ => Cow::Borrowed(&self.job),
+        }
+    }
+
     /// Encode to bytes.
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;

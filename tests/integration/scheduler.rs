@@ -181,6 +181,49 @@ async fn cancel_and_reschedule_take_effect() {
     running.stop().await;
 }
 
+/// Two parks of one job (a worker parked it twice behind its held key,
+/// each under a number of its own) and the job's retry are three jobs to
+/// the scheduler: each fires, with the job's own id. Kept under one id, the
+/// later would replace the earlier, and the held key would wait for a park
+/// number that never comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parks_of_one_job_and_its_retry_each_fire_with_the_jobs_own_id() {
+    let (_broker, _dir, cfg, running) = started().await;
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let at = Utc::now() + chrono::Duration::seconds(1);
+    let job = Job::new(&work, "k", b"held".to_vec());
+    let park = |seq| Job {
+        parked: Some(seq),
+        ..job.clone()
+    };
+    let retry = Job {
+        attempt: 2,
+        ..job.clone()
+    };
+    for (j, ms) in [(park(1), 0), (park(2), 100), (retry, 200)] {
+        producer
+            .enqueue(j)
+            .at(at + chrono::Duration::milliseconds(ms))
+            .await
+            .unwrap();
+    }
+    let fired = read_n(&cfg.kafka.brokers, &work, 3, T);
+    let seen: Vec<(JobId, Option<u32>, u32)> = fired
+        .iter()
+        .map(job_of)
+        .map(|j| (j.id, j.parked, j.attempt))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(job.id, Some(1), 1), (job.id, Some(2), 1), (job.id, None, 2)]
+    );
+    wait_for("pending to drain", T, || {
+        (running.handle.stats().pending == 0).then_some(())
+    });
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_records_are_dead_lettered_and_past_due_jobs_fire_at_once() {
     use rdkafka::producer::{FutureProducer, FutureRecord};

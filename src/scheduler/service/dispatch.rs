@@ -358,7 +358,9 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
                 writes.push(Box::pin(async move { Err(e) }));
             }
             Ok(false) => {
-                writes.push(Box::pin(kafka::enqueue_job(&shared.producer, &s.job).await));
+                writes.push(Box::pin(
+                    kafka::enqueue_job(&shared.producer, &s.outgoing()).await,
+                ));
             }
             Err(e) => {
                 let e = e.clone();

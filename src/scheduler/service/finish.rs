@@ -102,7 +102,7 @@ pub(super) async fn finish_fire(
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
                 shared.stats.fire_lateness.observe_ms(late_ms);
-                debug!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic,
+                debug!(job_id = %s.outgoing().id, park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);
             }
@@ -116,7 +116,10 @@ pub(super) async fn finish_fire(
                     origin_partition: k.partition,
                     origin_offset: k.seq as i64,
                 };
-                dead.push((item, wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter)));
+                dead.push((
+                    item,
+                    wire::dead_job_record(&s.outgoing(), &d, &cfg.topics.dead_letter),
+                ));
             }
             Err(e) => {
                 warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,

@@ -405,11 +405,16 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>], bytes: u
         }
         let view = RecordView::from_message(m);
         match wire::decode(&view, Context::Schedule, &cfg.limits) {
-            Ok(command) => b.records.push(Record {
-                partition: p,
-                offset,
-                command,
-            }),
+            Ok(mut command) => {
+                if let Command::Schedule(job) = &mut command {
+                    crate::scheduler::stored::keep_park_apart(job);
+                }
+                b.records.push(Record {
+                    partition: p,
+                    offset,
+                    command,
+                })
+            }
             Err(e) => {
                 warn!(partition = p, offset, reason = %e, "schedule record dead-lettered");
                 let d = DeadLetter {

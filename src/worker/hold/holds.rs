@@ -155,11 +155,25 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         if h.released.as_deref() == Some(&job.id) {
             return Admit::Released;
         }
-        let blocker_out = match &mut h.blocker {
-            Some(b) if b.id == job.id => {
-                b.arrived = true;
-                return Admit::Run;
+        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
+            // The blocker's next run. A parked copy of it (parked under a
+            // number of its own before its key was held by it again, after
+            // a crash) counts its number like any parked job: taken in its
+            // turn, or out again while jobs parked before it are out (its
+            // retry, always written before its hold, runs meanwhile).
+            match job.parked {
+                Some(seq) if seq > h.admitted_seq + 1 => {
+                    return out_again(h, seq, now_ms + BACK_TOO_SOON_MS);
+                }
+                Some(seq) if seq == h.admitted_seq + 1 => h.admitted_seq = seq,
+                _ => {}
             }
+            if let Some(b) = &mut h.blocker {
+                b.arrived = true;
+            }
+            return Admit::Run;
+        }
+        let blocker_out = match &h.blocker {
             Some(b) => (!b.arrived).then_some(b.due_ms),
             None => None,
         };

@@ -410,3 +410,42 @@ fn jobs_read_again_after_their_parks_were_written_are_not_parked_again() {
     assert!(!next.read_again(P, &j1, 10));
     assert!(!next.read_again(P, &j2, 11));
 }
+
+#[test]
+fn a_parked_copy_of_the_blockers_next_run_counts_its_number_in_its_turn() {
+    let mut holds = Holds::new(10);
+    let (j0, j1, j2, j3) = (job("k", 0), job("k", 1), job("k", 2), job("k", 3));
+    let retry_of = |j: &Job, attempt| Job { attempt, ..j.clone() };
+    holds.settled(P, &j0, again(1_000), 0);
+    let p1 = holds.admit(P, &j1, 10);
+    let p2 = holds.admit(P, &j2, 20);
+    // A stale copy of job 1's retry (written before a crash, read again
+    // now) is parked behind the jobs out, under a number of its own.
+    let stale = holds.admit(P, &retry_of(&j1, 2), 30);
+    assert!(matches!(stale, Admit::Park { seq: 3, .. }), "{stale:?}");
+    let p3 = holds.admit(P, &j3, 40);
+    assert!(matches!(p3, Admit::Park { seq: 4, .. }), "{p3:?}");
+    assert_eq!(holds.admit(P, &retry_of(&j0, 2), 1_000), Admit::Run);
+    holds.settled(P, &retry_of(&j0, 2), Settlement::Finished, 1_010);
+    // Job 1 comes back and fails: it holds the key again.
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_100), Admit::Run);
+    holds.settled(P, &back1, again(3_000), 1_110);
+    // The stale copy of its next run is back before job 2: out again.
+    let copy = back(&retry_of(&j1, 2), stale);
+    assert!(matches!(holds.admit(P, &copy, 1_200), Admit::Park { seq: 3, .. }));
+    // Job 1's own retry runs; then job 2, the copy (a duplicate run), job 3.
+    assert_eq!(holds.admit(P, &retry_of(&j1, 2), 3_000), Admit::Run);
+    holds.settled(P, &retry_of(&j1, 2), Settlement::Finished, 3_010);
+    let back2 = back(&j2, p2);
+    assert_eq!(holds.admit(P, &back2, 3_020), Admit::Run);
+    holds.settled(P, &back2, Settlement::Finished, 3_030);
+    assert_eq!(holds.admit(P, &copy, 3_040), Admit::Run);
+    holds.settled(P, &copy, Settlement::Finished, 3_050);
+    let back3 = back(&j3, p3);
+    assert_eq!(holds.admit(P, &back3, 3_060), Admit::Run, "no number is missing");
+    assert_eq!(
+        holds.settled(P, &back3, Settlement::Finished, 3_070),
+        HoldUpdate::Write(Change::Let)
+    );
+}

@@ -140,6 +140,7 @@ pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
 /// A parked job as the keeper writes it.
 fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
     let fresh = job.parked.is_none();
+    debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, attempt = job.attempt, seq, fresh, "parked");
     job.parked = Some(seq);
     job.early = None;
     job.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or(job.run_at);
