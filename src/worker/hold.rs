@@ -125,6 +125,14 @@ impl Hold {
         self.blocker.is_some() || self.done_seq < self.last_seq
     }
 
+    /// Whether park number `seq` is one this hold gave (not one of a hold
+    /// of the same key before it, let go since: a copy parked under that
+    /// one, read again after a crash, is a job like any other here). See
+    /// [`first_number`].
+    pub fn gave(&self, seq: u32) -> bool {
+        seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS || (seq > self.done_seq && seq <= self.last_seq)
+    }
+
     /// Parked jobs not yet run.
     pub fn parked(&self) -> u32 {
         self.last_seq - self.done_seq.min(self.last_seq)
@@ -217,6 +225,22 @@ pub(crate) const BACK_TOO_SOON_MS: i64 = 1_000;
 /// Order is kept in every other case; giving up trades it, for that key,
 /// for not being held forever (logged).
 pub(crate) const GIVE_UP_MS: i64 = 30_000;
+
+/// The low bits of a park number that count a hold's parks; the high ones
+/// tell a hold from the key's holds before it.
+const NUMBER_BITS: u32 = 22;
+
+/// The number a hold that began at `since_ms` counts its parks from (its
+/// first park is one more): the top bits are drawn from `since_ms`, so that
+/// the numbers of a key's successive holds differ (but for one pair in
+/// 1,024) and a park of an earlier hold, read again after a crash, is not
+/// taken for one of the current hold. A hold counts about four million
+/// parks apart; past that its numbers run into the next range and are
+/// still its own (`Hold::gave`). 0 at `since_ms` 0.
+pub(crate) fn first_number(since_ms: i64) -> u32 {
+    let mixed = (since_ms as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((mixed >> (64 - (32 - NUMBER_BITS))) as u32) << NUMBER_BITS
+}
 
 /// How a job of a holdable key settled, as far as its key is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! parked, and what each settlement changes (the types are the parent's).
 
 use super::{
-    Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER, NO_OFFSET,
-    WAIT_MS,
+    first_number, Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER,
+    NO_OFFSET, WAIT_MS,
 };
 use crate::hash::HashMap;
 use crate::job::{Job, JobId};
@@ -126,12 +126,15 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn read_again(&self, partition: P, job: &Job, offset: i64) -> bool {
         // A job that may start early is read as it comes: it may have
         // started, or gone to the scheduler, rather than been parked.
-        if self.len == 0 || job.parked.is_some() || job.early.is_some() {
+        if self.len == 0 || job.early.is_some() {
             return false;
         }
         let Some(h) = self.get(partition, &job.key) else {
             return false;
         };
+        if job.parked.is_some_and(|s| h.gave(s)) {
+            return false;
+        }
         // A released blocker's next run must reach the dead-letter topic,
         // and its earlier runs cannot be told from it by the hold: while a
         // release is pending the key's jobs are read as they come.
@@ -155,29 +158,15 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         if h.released.as_deref() == Some(&job.id) {
             return Admit::Released;
         }
+        let own = job.parked.filter(|s| h.gave(*s));
         if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
-            // The blocker's next run. A parked copy of it (parked under a
-            // number of its own before its key was held by it again, after
-            // a crash) counts its number like any parked job: taken in its
-            // turn, or out again while jobs parked before it are out (its
-            // retry, always written before its hold, runs meanwhile).
-            match job.parked {
-                Some(seq) if seq > h.admitted_seq + 1 => {
-                    return out_again(h, seq, now_ms + BACK_TOO_SOON_MS);
-                }
-                Some(seq) if seq == h.admitted_seq + 1 => h.admitted_seq = seq,
-                _ => {}
-            }
-            if let Some(b) = &mut h.blocker {
-                b.arrived = true;
-            }
-            return Admit::Run;
+            return blockers_next_run(h, own, now_ms + BACK_TOO_SOON_MS);
         }
         let blocker_out = match &h.blocker {
             Some(b) => (!b.arrived).then_some(b.due_ms),
             None => None,
         };
-        let Some(seq) = job.parked else {
+        let Some(seq) = own else {
             return if !h.holds() {
                 Admit::Run
             } else if h.waiting > 0 || (blocker_out.is_none() && h.tail_at_ms <= now_ms + WAIT_MS) {
@@ -244,15 +233,12 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// straight to the work topic), stays: `Run`.
     pub fn park_buffered(&mut self, partition: P, job: &Job) -> Option<Admit> {
         let h = self.get_mut(partition, &job.key)?;
-        let due = match &mut h.blocker {
-            Some(b) if b.id == job.id => {
-                b.arrived = true;
-                return Some(Admit::Run);
-            }
-            Some(b) => b.due_ms,
-            None => h.tail_at_ms,
-        };
-        Some(match job.parked {
+        let due = h.blocker.as_ref().map_or(h.tail_at_ms, |b| b.due_ms);
+        let own = job.parked.filter(|s| h.gave(*s));
+        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
+            return Some(blockers_next_run(h, own, due));
+        }
+        Some(match own {
             Some(seq) => out_again(h, seq, due),
             None => {
                 let at = job.run_at.timestamp_millis().max(due);
@@ -325,13 +311,14 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 if self.get(partition, &job.key).is_none() && self.len >= self.max {
                     return HoldUpdate::Overflow;
                 }
+                let first = first_number(now_ms);
                 let fresh = Hold {
                     blocker: None,
-                    last_seq: 0,
-                    done_seq: 0,
-                    admitted_seq: 0,
+                    last_seq: first,
+                    done_seq: first,
+                    admitted_seq: first,
                     waiting: 0,
-                    sent_seq: 0,
+                    sent_seq: first,
                     gap_since_ms: NEVER,
                     wait_since_ms: NEVER,
                     gave_up: 0,
@@ -349,6 +336,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 // are let in again only behind its next run.
                 let seq = job
                     .parked
+                    .filter(|s| h.gave(*s))
                     .or_else(|| h.blocker.as_ref().filter(|b| b.id == job.id).and_then(|b| b.seq));
                 h.admitted_seq = seq.unwrap_or(h.done_seq).max(h.done_seq);
                 h.blocker = Some(Blocker {
@@ -373,7 +361,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     h.released = None;
                     changed = true;
                 }
-                let mut seq = job.parked;
+                let mut seq = job.parked.filter(|s| h.gave(*s));
                 if let Some(b) = h.blocker.take_if(|b| b.id == job.id) {
                     seq = seq.or(b.seq);
                     changed = true;
@@ -430,6 +418,24 @@ fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
         seq: h.last_seq,
         at_ms,
     }
+}
+
+/// The next run of `h`'s blocker, read: it runs. A parked copy of it
+/// (parked under a number of its own before its key was held by it again,
+/// after a crash) counts its number like any parked job: taken in its
+/// turn, or out again due at `again_ms` while jobs parked before it are out
+/// (the blocker's own retry, always written before its hold, runs
+/// meanwhile).
+fn blockers_next_run(h: &mut Hold, parked: Option<u32>, again_ms: i64) -> Admit {
+    match parked {
+        Some(seq) if seq > h.admitted_seq + 1 => return out_again(h, seq, again_ms),
+        Some(seq) if seq == h.admitted_seq + 1 => h.admitted_seq = seq,
+        _ => {}
+    }
+    if let Some(b) = &mut h.blocker {
+        b.arrived = true;
+    }
+    Admit::Run
 }
 
 /// A parked job out again, keeping its sequence, due at `at_ms`.

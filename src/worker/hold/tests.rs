@@ -431,8 +431,13 @@ fn a_parked_copy_of_the_blockers_next_run_counts_its_number_in_its_turn() {
     let back1 = back(&j1, p1);
     assert_eq!(holds.admit(P, &back1, 1_100), Admit::Run);
     holds.settled(P, &back1, again(3_000), 1_110);
-    // The stale copy of its next run is back before job 2: out again.
+    // The stale copy of its next run is back before job 2: out again,
+    // whether read now or buffered behind job 1 while it ran.
     let copy = back(&retry_of(&j1, 2), stale);
+    assert!(matches!(
+        holds.park_buffered(P, &copy),
+        Some(Admit::Park { seq: 3, .. })
+    ));
     assert!(matches!(holds.admit(P, &copy, 1_200), Admit::Park { seq: 3, .. }));
     // Job 1's own retry runs; then job 2, the copy (a duplicate run), job 3.
     assert_eq!(holds.admit(P, &retry_of(&j1, 2), 3_000), Admit::Run);
@@ -448,4 +453,41 @@ fn a_parked_copy_of_the_blockers_next_run_counts_its_number_in_its_turn() {
         holds.settled(P, &back3, Settlement::Finished, 3_070),
         HoldUpdate::Write(Change::Let)
     );
+}
+
+#[test]
+fn a_copy_parked_under_an_earlier_hold_of_its_key_is_a_job_like_any_other() {
+    let mut holds = Holds::new(10);
+    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
+    // A first hold parks job 1 as its number 1, and is let go.
+    holds.settled(P, &j0, again(1_000), 0);
+    let p1 = holds.admit(P, &j1, 10);
+    assert_eq!(p1, Admit::Park { seq: 1, at_ms: 1_001 });
+    let retry0 = Job {
+        attempt: 2,
+        ..j0.clone()
+    };
+    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
+    holds.settled(P, &retry0, Settlement::Finished, 1_005);
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_010), Admit::Run);
+    assert_eq!(
+        holds.settled(P, &back1, Settlement::Finished, 1_020),
+        HoldUpdate::Write(Change::Let)
+    );
+    // A second hold of the key numbers its parks apart.
+    holds.settled(P, &j2, again(9_000), 5_000);
+    let first = first_number(5_000);
+    assert_ne!(first >> 22, 0, "another range");
+    // The first hold's copy of job 1, read again after a crash, is parked
+    // behind job 2's retry under a number of the second hold, not taken
+    // for the second hold's first park.
+    assert_eq!(
+        holds.admit(P, &back1, 5_010),
+        Admit::Park {
+            seq: first + 1,
+            at_ms: 9_001
+        }
+    );
+    assert!(!holds.get(P, b"k").unwrap().gave(1));
 }

@@ -139,12 +139,18 @@ pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
 
 /// A parked job as the keeper writes it.
 fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
-    let fresh = job.parked.is_none();
+    // Read as written, or a copy parked under an earlier hold of its key
+    // (given a number of this one): its offset counts in `Hold::parked_to`.
+    let fresh = job.parked.is_none_or(|s| s != seq);
     debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, attempt = job.attempt, seq, fresh, "parked");
     job.parked = Some(seq);
     job.early = None;
     job.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or(job.run_at);
-    for_keeper(st, job, tp, offset, fresh)
+    let hold = st.holds.get(tp, &job.key).map(|h| h.since_ms);
+    ParkedJob {
+        hold,
+        ..for_keeper(st, job, tp, offset, fresh)
+    }
 }
 
 /// `job`, read from `tp` at `offset`, for the keeper to write under the
@@ -159,6 +165,7 @@ fn for_keeper(st: &mut State, job: Job, tp: Tp, offset: i64, fresh: bool) -> Par
         offset,
         generation,
         fresh,
+        hold: None,
     }
 }
 

@@ -37,6 +37,12 @@ pub(super) struct ParkedJob {
     ///
     /// [`Hold::parked_to`]: crate::worker::hold::Hold::parked_to
     pub(super) fresh: bool,
+    /// When the hold that gave it its park number began
+    /// ([`Hold::since_ms`]): its acknowledgement counts for that hold only,
+    /// not for one that replaced it meanwhile.
+    ///
+    /// [`Hold::since_ms`]: crate::worker::hold::Hold::since_ms
+    pub(super) hold: Option<i64>,
 }
 
 /// What the keeper is asked to write.
@@ -224,7 +230,8 @@ fn mark_sent(shared: &Shared, round: &[Request]) {
                 if !owned(st, &p.tp, p.generation) {
                     continue;
                 }
-                if let (Some(h), Some(seq)) = (st.holds.get_mut(p.tp, &p.job.key), p.job.parked) {
+                let hold = st.holds.get_mut(p.tp, &p.job.key);
+                if let (Some(h), Some(seq)) = (hold.filter(|h| Some(h.since_ms) == p.hold), p.job.parked) {
                     h.sent(seq, p.fresh.then_some(p.offset));
                 }
             }
