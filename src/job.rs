@@ -100,37 +100,18 @@ impl JobId {
     /// job, or a park and the job's retry, never replace each other there
     /// (a replaced park's number would never come back to its key). The
     /// park number is mixed into the last four bytes and the variant bits
-    /// mark the result (RFC 4122's `10` becomes `01`); [`JobId::of_park`]
-    /// undoes it. An id that is not RFC 4122 is kept as it is.
+    /// are flipped (an id Kairos makes, RFC 4122, cannot be one of them);
+    /// applied again, it gives the job's own id back ([`JobId::of_park`]).
     pub fn for_park(self, seq: u32) -> JobId {
-        match self.variant_bits() {
-            RFC_4122 => self.flip(seq),
-            _ => self,
-        }
+        JobId(Uuid::from_u128(self.0.as_u128() ^ (0b11 << 62) ^ u128::from(seq)))
     }
 
     /// The job's own id, from the id [`JobId::for_park`] gave its park
-    /// number `seq` (any other id is returned as it is).
+    /// number `seq`.
     pub fn of_park(self, seq: u32) -> JobId {
-        match self.variant_bits() {
-            PARK_MARK => self.flip(seq),
-            _ => self,
-        }
-    }
-
-    fn variant_bits(self) -> u128 {
-        (self.0.as_u128() >> 62) & 0b11
-    }
-
-    fn flip(self, seq: u32) -> JobId {
-        JobId(Uuid::from_u128(self.0.as_u128() ^ (0b11 << 62) ^ u128::from(seq)))
+        self.for_park(seq)
     }
 }
-
-/// The variant bits of an RFC 4122 UUID (every id Kairos makes).
-const RFC_4122: u128 = 0b10;
-/// The variant bits of [`JobId::for_park`]'s ids.
-const PARK_MARK: u128 = 0b01;
 
 impl Default for JobId {
     fn default() -> Self {
@@ -415,11 +396,11 @@ mod tests {
         assert_ne!(one.uuid().get_variant(), uuid::Variant::RFC4122);
         assert_eq!(one.of_park(1), id);
         assert_eq!(two.of_park(2), id);
-        // A job's own id, and an id that is not RFC 4122, stay as they are.
-        assert_eq!(id.of_park(1), id);
-        let nil = JobId::from(Uuid::nil());
-        assert_eq!(nil.for_park(3), nil);
-        assert_eq!(nil.of_park(3), nil);
+        // Any id, RFC 4122 or not, has parks of their own that lead back to it.
+        let other = JobId::from(Uuid::from_u128(0x5a << 56));
+        assert_ne!(other.for_park(3), other);
+        assert_ne!(other.for_park(3), other.for_park(4));
+        assert_eq!(other.for_park(3).of_park(3), other);
     }
 
     #[test]

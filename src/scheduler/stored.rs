@@ -61,12 +61,12 @@ impl StoredJob {
     /// park with its job's own id back.
     pub fn outgoing(&self) -> Cow<'_, Job> {
         match self.job.parked {
-            Some(seq) if self.job.id.of_park(seq) != self.job.id => {
+            Some(seq) => {
                 let mut job = self.job.clone();
                 job.id = job.id.of_park(seq);
                 Cow::Owned(job)
             }
-            _ => Cow::Borrowed(&self.job),
+            None => Cow::Borrowed(&self.job),
         }
     }
 

@@ -233,13 +233,16 @@ const NUMBER_BITS: u32 = 22;
 /// The number a hold that began at `since_ms` counts its parks from (its
 /// first park is one more): the top bits are drawn from `since_ms`, so that
 /// the numbers of a key's successive holds differ (but for one pair in
-/// 1,024) and a park of an earlier hold, read again after a crash, is not
-/// taken for one of the current hold. A hold counts about four million
-/// parks apart; past that its numbers run into the next range and are
-/// still its own (`Hold::gave`). 0 at `since_ms` 0.
+/// 1,023, or two holds begun in the same millisecond) and a park of an
+/// earlier hold, read again after a crash, is not taken for one of the
+/// current hold. A hold counts about four million parks apart; past that
+/// its numbers run into the next range and are still its own (`Hold::gave`;
+/// the last range is never a first one, so there is always one more). 0 at
+/// `since_ms` 0.
 pub(crate) fn first_number(since_ms: i64) -> u32 {
     let mixed = (since_ms as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((mixed >> (64 - (32 - NUMBER_BITS))) as u32) << NUMBER_BITS
+    let ranges = 1u64 << (32 - NUMBER_BITS);
+    (((mixed >> (64 - (32 - NUMBER_BITS))) % (ranges - 1)) as u32) << NUMBER_BITS
 }
 
 /// How a job of a holdable key settled, as far as its key is concerned.

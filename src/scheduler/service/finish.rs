@@ -107,7 +107,7 @@ pub(super) async fn finish_fire(
                 done.push(item);
             }
             Err(e) if kafka::is_unknown_topic(&e) => {
-                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %s.outgoing().id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
                 let d = DeadLetter {
@@ -122,7 +122,7 @@ pub(super) async fn finish_fire(
                 ));
             }
             Err(e) => {
-                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %s.outgoing().id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, error = %e, "fire failed; will retry");
                 retry.push(item.clone());
             }
@@ -137,7 +137,7 @@ pub(super) async fn finish_fire(
                 done.push(item);
             }
             Err(e) => {
-                warn!(job_id = %item.1.job.id, key = %item.1.job.key_lossy(), partition = item.0.partition,
+                warn!(job_id = %item.1.outgoing().id, key = %item.1.job.key_lossy(), partition = item.0.partition,
                     offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
                 retry.push((*item).clone());
             }

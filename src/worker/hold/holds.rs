@@ -428,8 +428,8 @@ fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
 /// meanwhile).
 fn blockers_next_run(h: &mut Hold, parked: Option<u32>, again_ms: i64) -> Admit {
     match parked {
-        Some(seq) if seq > h.admitted_seq + 1 => return out_again(h, seq, again_ms),
-        Some(seq) if seq == h.admitted_seq + 1 => h.admitted_seq = seq,
+        Some(seq) if seq > h.admitted_seq.saturating_add(1) => return out_again(h, seq, again_ms),
+        Some(seq) if seq == h.admitted_seq.saturating_add(1) => h.admitted_seq = seq,
         _ => {}
     }
     if let Some(b) = &mut h.blocker {
