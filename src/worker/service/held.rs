@@ -16,7 +16,7 @@ use super::{Entry, Shared, State, Tp, WorkerError};
 use crate::config::OnFailure;
 use crate::job::{Job, JobId};
 use crate::kafka;
-use crate::worker::hold::{record, Admit, Cause, HoldUpdate, Settlement, GIVE_UP_MS};
+use crate::worker::hold::{record, Admit, Cause, Change, HoldUpdate, Settlement, GIVE_UP_MS};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
@@ -226,7 +226,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
         park_buffered(&mut st, tp, &job.key, &mut parks);
         let waiting = st.waiting.remove(&(tp, job.key.clone())).unwrap_or_default();
         match &update {
-            HoldUpdate::Write(crate::worker::hold::Change::Let) => {
+            HoldUpdate::Write(Change::Let) => {
                 for e in waiting {
                     st.table.push(e);
                 }
@@ -249,7 +249,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
             true
         }
         HoldUpdate::Write(change) => {
-            if let crate::worker::hold::Change::Put(h) = &change {
+            if let Change::Put(h) = &change {
                 if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
                     info!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, attempt = b.attempt,
                         cause = ?b.cause, held_ms = now_ms - h.since_ms, "key held");
@@ -305,7 +305,8 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
 }
 
 /// Keys whose jobs waited in memory too long for a parked job that did not
-/// come back give up on it: their waiting jobs run (called by the poll
+/// come back give up on it: their waiting jobs run, or, while the key's
+/// blocker is back and running, are parked behind it (called by the poll
 /// thread about once a second).
 pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
     let now_ms = shared.clock.now().timestamp_millis();
@@ -314,12 +315,21 @@ pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
         if st.waiting.is_empty() {
             return;
         }
-        for (tp, key, _) in st.holds.give_up_waiting(now_ms) {
+        let mut parks = Vec::new();
+        for (tp, key, change) in st.holds.give_up_waiting(now_ms) {
             let entries = st.waiting.remove(&(tp, key.to_vec())).unwrap_or_default();
             warn!(key = %String::from_utf8_lossy(&key), partition = tp.1, waiting = entries.len(),
                 gave_up_after_ms = GIVE_UP_MS, "held key gave up waiting for parked jobs that did not come back; its order may not hold");
-            for e in entries {
-                st.table.push(e);
+            match change {
+                Change::Let => {
+                    for e in entries {
+                        st.table.push(e);
+                    }
+                }
+                // Still held: run from memory, they could be passed by a
+                // later park of the key, and a job read again at or below
+                // a park counts as dealt with (`Hold::parked_to`).
+                Change::Put(_) => park_all(&mut st, tp, entries, &mut parks),
             }
             if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
                 let s = shared.clone();
@@ -328,6 +338,7 @@ pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
                 });
             }
         }
+        shared.keeper.park(parks);
         super::drive::start_ready(shared, &mut st)
     };
     shared.dispatch(starts);
