@@ -56,16 +56,21 @@ pub(crate) fn keep_park_apart(job: &mut Job) {
     }
 }
 
+/// The job's own id, of a job as the scheduler keeps it (a park's id
+/// taken back out of [`keep_park_apart`]'s).
+pub(crate) fn own_id(job: &Job) -> JobId {
+    job.parked.map_or(job.id, |seq| job.id.of_park(seq))
+}
+
 impl StoredJob {
     /// The job as it leaves the scheduler (fired, or dead-lettered): a
     /// park with its job's own id back.
     pub fn outgoing(&self) -> Cow<'_, Job> {
         match self.job.parked {
-            Some(seq) => {
-                let mut job = self.job.clone();
-                job.id = job.id.of_park(seq);
-                Cow::Owned(job)
-            }
+            Some(_) => Cow::Owned(Job {
+                id: own_id(&self.job),
+                ..self.job.clone()
+            }),
             None => Cow::Borrowed(&self.job),
         }
     }

@@ -34,7 +34,7 @@ pub mod record;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::JobId;
+use crate::job::{Job, JobId};
 
 /// Why a key is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +131,11 @@ impl Hold {
     /// [`first_number`].
     pub fn gave(&self, seq: u32) -> bool {
         seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS || (seq > self.done_seq && seq <= self.last_seq)
+    }
+
+    /// `job`'s park number, when this hold gave it (see [`Hold::gave`]).
+    pub fn park_of(&self, job: &Job) -> Option<u32> {
+        job.parked.filter(|s| self.gave(*s))
     }
 
     /// Parked jobs not yet run.

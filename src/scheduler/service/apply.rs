@@ -202,7 +202,7 @@ pub(super) fn apply_batch(
             // it, or a re-send) is a new job: it replaces the one in the
             // store, and fires in its turn.
             Command::Schedule(job) => {
-                debug!(job_id = %job.parked.map_or(job.id, |n| job.id.of_park(n)), park = ?job.parked,
+                debug!(job_id = %crate::scheduler::stored::own_id(&job), park = ?job.parked,
                     key = %job.key_lossy(), partition = p, offset, run_at = %wire::format_time(job.run_at), "scheduled");
                 let sj = StoredJob {
                     job,

@@ -16,7 +16,7 @@ use crate::hash::{HashMap, HashSet};
 use crate::job::JobId;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Change, DueKey, PartitionWrite, StoreError};
-use crate::scheduler::stored::StoredJob;
+use crate::scheduler::stored::{own_id, StoredJob};
 use crate::wire::{DeadLetter, OwnedRecord};
 use crate::{kafka, wire};
 
@@ -102,12 +102,12 @@ pub(super) async fn finish_fire(
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
                 shared.stats.fire_lateness.observe_ms(late_ms);
-                debug!(job_id = %s.outgoing().id, park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
+                debug!(job_id = %own_id(&s.job), park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);
             }
             Err(e) if kafka::is_unknown_topic(&e) => {
-                warn!(job_id = %s.outgoing().id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
                 let d = DeadLetter {
@@ -122,7 +122,7 @@ pub(super) async fn finish_fire(
                 ));
             }
             Err(e) => {
-                warn!(job_id = %s.outgoing().id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, error = %e, "fire failed; will retry");
                 retry.push(item.clone());
             }
@@ -137,7 +137,7 @@ pub(super) async fn finish_fire(
                 done.push(item);
             }
             Err(e) => {
-                warn!(job_id = %item.1.outgoing().id, key = %item.1.job.key_lossy(), partition = item.0.partition,
+                warn!(job_id = %own_id(&item.1.job), key = %item.1.job.key_lossy(), partition = item.0.partition,
                     offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
                 retry.push((*item).clone());
             }

@@ -132,7 +132,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let Some(h) = self.get(partition, &job.key) else {
             return false;
         };
-        if job.parked.is_some_and(|s| h.gave(s)) {
+        if h.park_of(job).is_some() {
             return false;
         }
         // A released blocker's next run must reach the dead-letter topic,
@@ -158,7 +158,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         if h.released.as_deref() == Some(&job.id) {
             return Admit::Released;
         }
-        let own = job.parked.filter(|s| h.gave(*s));
+        let own = h.park_of(job);
         if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
             return blockers_next_run(h, own, now_ms + BACK_TOO_SOON_MS);
         }
@@ -234,7 +234,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn park_buffered(&mut self, partition: P, job: &Job) -> Option<Admit> {
         let h = self.get_mut(partition, &job.key)?;
         let due = h.blocker.as_ref().map_or(h.tail_at_ms, |b| b.due_ms);
-        let own = job.parked.filter(|s| h.gave(*s));
+        let own = h.park_of(job);
         if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
             return Some(blockers_next_run(h, own, due));
         }
@@ -334,9 +334,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 }
                 // A parked job failing keeps its place: the jobs after it
                 // are let in again only behind its next run.
-                let seq = job
-                    .parked
-                    .filter(|s| h.gave(*s))
+                let seq = h
+                    .park_of(job)
                     .or_else(|| h.blocker.as_ref().filter(|b| b.id == job.id).and_then(|b| b.seq));
                 h.admitted_seq = seq.unwrap_or(h.done_seq).max(h.done_seq);
                 h.blocker = Some(Blocker {
@@ -361,7 +360,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     h.released = None;
                     changed = true;
                 }
-                let mut seq = job.parked.filter(|s| h.gave(*s));
+                let mut seq = h.park_of(job);
                 if let Some(b) = h.blocker.take_if(|b| b.id == job.id) {
                     seq = seq.or(b.seq);
                     changed = true;
