@@ -24,8 +24,9 @@
 //! keyed by topic and key, partition = work partition) before the offset
 //! that caused the change is committed, and read back when a partition is
 //! assigned, before any of its jobs starts: a hold survives kill -9 and
-//! rebalances. Memory: one [`Hold`] per key held now (about 150 bytes plus
-//! the key), at most `[worker] max_held_keys`.
+//! rebalances. Memory: one boxed [`Hold`] per key held now (112 bytes),
+//! the key, and a 24-byte table slot (up to twice as many slots as keys),
+//! at most `[worker] max_held_keys`.
 //!
 //! This module is the decision only, pure and in memory; the worker service
 //! carries it out.

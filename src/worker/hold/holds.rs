@@ -12,7 +12,10 @@ use crate::job::{Job, JobId};
 #[derive(Debug)]
 pub struct Holds<P> {
     /// Per partition, per key (looked up by borrowed key, no allocation).
-    keys: HashMap<P, HashMap<Box<[u8]>, Hold>>,
+    /// Each hold is boxed: a table slot is then a key and a pointer, and
+    /// the slots a table keeps free as it grows cost 24 bytes each, not
+    /// the hold's size.
+    keys: HashMap<P, HashMap<Box<[u8]>, Box<Hold>>>,
     /// Keys held, over all partitions.
     len: usize,
     /// The same, readable without the lock this table is kept under.
@@ -70,12 +73,12 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
 
     /// The hold of `key` in `partition`, mutable.
     pub fn get_mut(&mut self, partition: P, key: &[u8]) -> Option<&mut Hold> {
-        self.keys.get_mut(&partition)?.get_mut(key)
+        self.keys.get_mut(&partition)?.get_mut(key).map(|h| &mut **h)
     }
 
     /// The hold of `key` in `partition`, if any.
     pub fn get(&self, partition: P, key: &[u8]) -> Option<&Hold> {
-        self.keys.get(&partition)?.get(key)
+        self.keys.get(&partition)?.get(key).map(|h| &**h)
     }
 
     fn insert(&mut self, partition: P, key: &[u8], h: Hold) -> &mut Hold {
@@ -83,7 +86,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             self.set_len(self.len + 1);
         }
         let part = self.keys.entry(partition).or_default();
-        part.entry(Box::from(key)).or_insert(h)
+        part.entry(Box::from(key)).or_insert_with(|| Box::new(h))
     }
 
     fn remove(&mut self, partition: P, key: &[u8]) {
