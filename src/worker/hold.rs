@@ -148,9 +148,13 @@ impl Hold {
         !self.holds() && self.released.is_none()
     }
 
-    /// After a restart: nothing admitted beyond what is done.
+    /// After a restart: nothing admitted beyond what is done, but for a
+    /// blocker that was a parked job: it was let in under its number (every
+    /// job parked before it had run), and its next runs, retries without a
+    /// number, hold that place.
     fn loaded(mut self) -> Self {
-        self.admitted_seq = self.done_seq;
+        let blocker_seq = self.blocker.as_ref().and_then(|b| b.seq);
+        self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
         self
     }

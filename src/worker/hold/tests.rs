@@ -491,3 +491,40 @@ fn a_copy_parked_under_an_earlier_hold_of_its_key_is_a_job_like_any_other() {
     );
     assert!(!holds.get(P, b"k").unwrap().gave(1));
 }
+
+#[test]
+fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
+    let mut holds = Holds::new(10);
+    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
+    let retry_of = |j: &Job, attempt| Job { attempt, ..j.clone() };
+    holds.settled(P, &j0, again(1_000), 0);
+    let p1 = holds.admit(P, &j1, 10);
+    let p2 = holds.admit(P, &j2, 20);
+    for p in [p1, p2] {
+        let Admit::Park { seq, .. } = p else {
+            panic!("parked: {p:?}")
+        };
+        holds.get_mut(P, b"k").expect("held").sent(seq, None);
+    }
+    assert_eq!(holds.admit(P, &retry_of(&j0, 2), 1_000), Admit::Run);
+    holds.settled(P, &retry_of(&j0, 2), Settlement::Finished, 1_010);
+    // Job 1 comes back, runs in its turn and fails: it holds the key, in
+    // its place (number 1).
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_100), Admit::Run);
+    let HoldUpdate::Write(Change::Put(written)) = holds.settled(P, &back1, again(3_000), 1_110) else {
+        panic!("held again: written")
+    };
+    // Its worker dies; the next owner reads the hold back. Job 1's retry
+    // (no park number: retries are not parked) runs and succeeds, then
+    // job 2 comes back: its turn, nothing before it is missing.
+    let mut next = Holds::new(10);
+    next.load(P, b"k", Some(written.to_write()));
+    assert_eq!(next.admit(P, &retry_of(&j1, 2), 3_000), Admit::Run);
+    next.settled(P, &retry_of(&j1, 2), Settlement::Finished, 3_010);
+    assert_eq!(next.admit(P, &back(&j2, p2), 3_020), Admit::Run, "job 2 is next");
+    assert_eq!(
+        next.settled(P, &back(&j2, p2), Settlement::Finished, 3_030),
+        HoldUpdate::Write(Change::Let)
+    );
+}
