@@ -377,6 +377,9 @@ impl Config {
         if s.window.is_zero() {
             return Err(invalid("scheduler.window", "must be longer than zero"));
         }
+        if w.hold_give_up < Duration::from_secs(1) {
+            return Err(invalid("worker.hold_give_up", "must be at least 1s"));
+        }
         // librdkafka refuses a session longer than max.poll.interval.ms
         // (300 s by default); Kafka brokers refuse one under 6 s by default.
         for (key, d) in [

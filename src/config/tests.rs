@@ -217,8 +217,11 @@ fn hold_key_and_pacing_name_worker_topics_and_sane_limits() {
         },
     );
     assert_eq!(key_of(&bad), Some("worker.pacing"), "a burst needs a rate");
-    let mut bad = c;
+    let mut bad = c.clone();
     bad.worker.pacing_horizon = Duration::ZERO;
     assert_eq!(key_of(&bad), Some("worker.pacing_horizon"));
+    let mut bad = c;
+    bad.worker.hold_give_up = Duration::from_millis(999);
+    assert_eq!(key_of(&bad), Some("worker.hold_give_up"));
     assert!(toml::from_str::<Config>("[worker]\non_failure = \"hold\"\n").is_err());
 }

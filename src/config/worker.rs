@@ -55,6 +55,13 @@ pub struct WorkerConfig {
     /// retry overtakes (logged, counted in
     /// `kairos_worker_hold_overflow_total`) instead of holding its key.
     pub max_held_keys: usize,
+    /// How long a held key waits for a piece that does not come back (its
+    /// blocker's next run, or a parked job due before one that came back)
+    /// before it goes on without it, logged (`held key gave up`): its order
+    /// may not hold then. Long enough to ride out a broker or scheduler
+    /// outage; `kairos keys release` lets a key go sooner.
+    #[serde(with = "humantime_serde")]
+    pub hold_give_up: Duration,
     /// Pacing per work topic (`[worker.pacing."topic"]`): how often the
     /// jobs of one limiter key may start.
     pub pacing: BTreeMap<String, Pacing>,
@@ -100,6 +107,7 @@ impl Default for WorkerConfig {
             on_failure: OnFailure::Overtake,
             on_failure_by_topic: BTreeMap::new(),
             max_held_keys: 1_000_000,
+            hold_give_up: Duration::from_millis(crate::worker::hold::GIVE_UP_MS as u64),
             pacing: BTreeMap::new(),
             pacing_horizon: Duration::from_secs(1),
             admin: AdminConfig::default(),

@@ -87,7 +87,7 @@ pub struct Hold {
     #[serde(skip)]
     pub waiting: u32,
     /// Times this key gave up waiting for a missing piece (see
-    /// [`GIVE_UP_MS`]; not kept).
+    /// [`Holds::give_up_after`]; not kept).
     #[serde(skip)]
     pub gave_up: u32,
     /// Since when jobs have been waiting in memory ([`NEVER`]: none; not
@@ -194,6 +194,12 @@ pub enum Admit {
     },
     /// Dead-letter it: an operator released the key it held.
     Released,
+    /// Finish it without running: an earlier run of the job holding its key
+    /// (a copy read again or delivered twice, with no park number of this
+    /// hold: a numbered copy counts its number in its turn), whose failure
+    /// is what holds the key; its next run carries on. Run, it would fail
+    /// over again and hold the key a second time for the same failure.
+    Stale,
     /// Keep it in memory: it runs once the key's parked jobs, coming back
     /// now, have run (the key is then let go).
     Wait,
@@ -204,6 +210,11 @@ pub enum Admit {
 /// being parked behind them (a key with a steady stream of jobs would
 /// otherwise send every one through the scheduler).
 pub(crate) const WAIT_MS: i64 = 2_000;
+
+/// Jobs wait in memory for their key's parked jobs at most this long; then
+/// they are parked behind them, so that a late parked job does not hold the
+/// partition's committed offset back.
+pub(crate) const MAX_WAIT_MS: i64 = 5_000;
 
 /// No time: a `..._since_ms` field not set.
 pub const NEVER: i64 = i64::MIN;
@@ -228,13 +239,17 @@ fn is_no_offset(offset: &i64) -> bool {
 /// (or with the blocker's next run, if that is later).
 pub(crate) const BACK_TOO_SOON_MS: i64 = 1_000;
 
+/// A parked job back before its turn goes out again no later than this
+/// after the piece it waits for was due, however long that is overdue.
+pub(crate) const BACK_OFF_MAX_MS: i64 = 30_000;
+
 /// How long a key waits for a missing piece before it gives up on it and
-/// goes on: a parked job before a returning one that has not come back, or
-/// a blocker whose next run was due this long ago and has not come back
-/// (a retry cancelled by hand, or a piece delayed or lost by faults).
-/// Order is kept in every other case; giving up trades it, for that key,
-/// for not being held forever (logged).
-pub(crate) const GIVE_UP_MS: i64 = 30_000;
+/// goes on, unless configured (`[worker] hold_give_up`): a parked job before
+/// a returning one that has not come back, or a blocker whose next run was
+/// due this long ago and has not come back (a retry cancelled by hand, or a
+/// piece held up by an outage). Order is kept in every other case; giving
+/// up trades it, for that key, for not being held forever (logged).
+pub(crate) const GIVE_UP_MS: i64 = 300_000;
 
 /// The low bits of a park number that count a hold's parks; the high ones
 /// tell a hold from the key's holds before it.

@@ -335,7 +335,8 @@ impl WorkerBuilder {
             return Err(WorkerError::Config("concurrency must be at least 1".into()));
         }
         let raw = kafka::producer(&cfg.kafka, "kairos-worker")?;
-        let holds = Holds::new(w.max_held_keys);
+        let holds = Holds::new(w.max_held_keys)
+            .give_up_after(i64::try_from(w.hold_give_up.as_millis()).unwrap_or(i64::MAX));
         let producer = Producer::from_parts(raw.clone(), &cfg, self.clock.clone())?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| WorkerError::Config("build the worker inside a tokio runtime".into()))?;

@@ -2,8 +2,8 @@
 //! parked, and what each settlement changes (the types are the parent's).
 
 use super::{
-    first_number, Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_TOO_SOON_MS, GIVE_UP_MS, NEVER,
-    NO_OFFSET, WAIT_MS,
+    first_number, Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_OFF_MAX_MS, BACK_TOO_SOON_MS,
+    GIVE_UP_MS, MAX_WAIT_MS, NEVER, NO_OFFSET, WAIT_MS,
 };
 use crate::hash::HashMap;
 use crate::job::{Job, JobId};
@@ -21,6 +21,9 @@ pub struct Holds<P> {
     /// The same, readable without the lock this table is kept under.
     shared_len: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     max: usize,
+    /// How long a key waits for a missing piece before it goes on without
+    /// it, ms ([`GIVE_UP_MS`] unless set).
+    give_up_ms: i64,
 }
 
 impl<P: Copy + Eq + std::hash::Hash> Default for Holds<P> {
@@ -37,7 +40,20 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             len: 0,
             shared_len: Default::default(),
             max: max.max(1),
+            give_up_ms: GIVE_UP_MS,
         }
+    }
+
+    /// Keys give up waiting for a missing piece after `ms` (see
+    /// [`GIVE_UP_MS`], the default).
+    pub fn give_up_after(mut self, ms: i64) -> Self {
+        self.give_up_ms = ms.max(1);
+        self
+    }
+
+    /// How long a key waits for a missing piece before it goes on, ms.
+    pub fn give_up_ms(&self) -> i64 {
+        self.give_up_ms
     }
 
     /// The number of keys held, kept up to date, readable without the lock
@@ -155,6 +171,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         if self.len == 0 {
             return Admit::Run;
         }
+        let give_up_ms = self.give_up_ms;
         let Some(h) = self.get_mut(partition, &job.key) else {
             return Admit::Run;
         };
@@ -162,7 +179,10 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             return Admit::Released;
         }
         let own = h.park_of(job);
-        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
+        if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
+            if job.attempt < b.attempt && own.is_none() {
+                return Admit::Stale;
+            }
             return blockers_next_run(h, own, now_ms + BACK_TOO_SOON_MS);
         }
         let blocker_out = match &h.blocker {
@@ -187,8 +207,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             return Admit::Run;
         }
         match blocker_out {
-            Some(due) if due >= now_ms - GIVE_UP_MS => {
-                return out_again(h, seq, due.max(now_ms + BACK_TOO_SOON_MS));
+            Some(due) if due >= now_ms - give_up_ms => {
+                return out_again(h, seq, due.max(again_at(now_ms, due)));
             }
             Some(_) => {
                 // Its next run seems lost: the key goes on without it.
@@ -212,13 +232,13 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             h.gap_since_ms = now_ms;
         }
         let since = h.gap_since_ms;
-        if now_ms - since >= GIVE_UP_MS {
+        if now_ms - since >= give_up_ms {
             h.gave_up += 1;
             h.gap_since_ms = NEVER;
             h.admitted_seq = seq;
             return Admit::Run;
         }
-        out_again(h, seq, now_ms + BACK_TOO_SOON_MS)
+        out_again(h, seq, again_at(now_ms, since))
     }
 
     /// Whether `key`'s buffered jobs must leave the lock table: its blocker
@@ -238,7 +258,10 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let h = self.get_mut(partition, &job.key)?;
         let due = h.blocker.as_ref().map_or(h.tail_at_ms, |b| b.due_ms);
         let own = h.park_of(job);
-        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
+        if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
+            if job.attempt < b.attempt && own.is_none() {
+                return Some(Admit::Stale);
+            }
             return Some(blockers_next_run(h, own, due));
         }
         Some(match own {
@@ -251,8 +274,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     }
 
     /// Park the jobs that waited in memory for `key`'s parked jobs (its
-    /// blocker failed again, or too many wait), in their order, with new
-    /// sequences.
+    /// blocker failed again, too many wait, or they waited too long), in
+    /// their order, with new sequences.
     pub fn park_waiting(&mut self, partition: P, jobs: &[&Job]) -> Vec<Admit> {
         let Some(h) = self.get_mut(partition, jobs.first().map_or(&[][..], |j| &j.key[..])) else {
             return Vec::new();
@@ -262,45 +285,19 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         jobs.iter().map(|j| park_fresh(h, j)).collect()
     }
 
-    /// Keys whose jobs have waited in memory for [`GIVE_UP_MS`] (a parked
-    /// job of theirs did not come back): each gives up on what is missing
-    /// and goes on. Returns each such key with its change (`Let`: its
-    /// waiting jobs run now).
-    pub fn give_up_waiting(&mut self, now_ms: i64) -> Vec<(P, Box<[u8]>, Change)> {
-        let overdue: Vec<(P, Box<[u8]>)> = self
-            .keys
+    /// Keys whose jobs have waited in memory for [`MAX_WAIT_MS`] (the parked
+    /// jobs they wait for are late): their waiting jobs are to be parked
+    /// behind those ([`Holds::park_waiting`]), so that they no longer hold
+    /// the partition's committed offset back. The key's order holds; a
+    /// parked job that never comes back is given up on when the jobs after
+    /// it come back (see [`Holds::give_up_after`]).
+    pub fn overdue_waiting(&self, now_ms: i64) -> Vec<(P, Box<[u8]>)> {
+        self.keys
             .iter()
             .flat_map(|(p, m)| m.iter().map(move |(k, h)| (p, k, h)))
-            .filter(|(_, _, h)| h.wait_since_ms != NEVER && now_ms - h.wait_since_ms >= GIVE_UP_MS)
+            .filter(|(_, _, h)| h.wait_since_ms != NEVER && now_ms - h.wait_since_ms >= MAX_WAIT_MS)
             .map(|(p, k, _)| (*p, k.clone()))
-            .collect();
-        let mut out = Vec::new();
-        for k in overdue {
-            let Some(h) = self.get_mut(k.0, &k.1) else {
-                continue;
-            };
-            h.gave_up += 1;
-            h.wait_since_ms = NEVER;
-            h.waiting = 0;
-            if h.blocker.as_ref().is_some_and(|b| b.arrived) {
-                // Its blocker is back and runs: only the parked jobs are given up.
-                h.done_seq = h.last_seq;
-                h.admitted_seq = h.last_seq;
-                out.push((k.0, k.1.clone(), Change::Put(h.clone())));
-                continue;
-            }
-            h.blocker = None;
-            h.done_seq = h.last_seq;
-            h.admitted_seq = h.last_seq;
-            let change = if h.released.is_none() {
-                self.remove(k.0, &k.1);
-                Change::Let
-            } else {
-                Change::Put(h.clone())
-            };
-            out.push((k.0, k.1, change));
-        }
-        out
+            .collect()
     }
 
     /// `job`'s run is over and its outcome written: what changes for its key.
@@ -333,6 +330,12 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 let h = self.insert(partition, &job.key, fresh);
                 if h.released.as_deref() == Some(&job.id) {
                     // Released while it ran: its next run is dead-lettered.
+                    return HoldUpdate::Unchanged;
+                }
+                if h.park_of(job).is_some_and(|s| s <= h.done_seq) {
+                    // A second run of a parked job that ran to its end
+                    // (delivered twice): its place was kept and is behind
+                    // the key; its retry is a job like any other.
                     return HoldUpdate::Unchanged;
                 }
                 // A parked job failing keeps its place: the jobs after it
@@ -438,6 +441,16 @@ fn blockers_next_run(h: &mut Hold, parked: Option<u32>, again_ms: i64) -> Admit 
         b.arrived = true;
     }
     Admit::Run
+}
+
+/// When a parked job back before its turn goes out again, at `now_ms`, when
+/// what it waits for was due (or missed) since `since_ms`: a second later,
+/// or, the longer that is overdue, half as long again (at most
+/// [`BACK_OFF_MAX_MS`]): a key waiting out an outage does not send its parked
+/// jobs round every second.
+fn again_at(now_ms: i64, since_ms: i64) -> i64 {
+    let overdue = now_ms.saturating_sub(since_ms).max(0);
+    now_ms.saturating_add((overdue / 2).clamp(BACK_TOO_SOON_MS, BACK_OFF_MAX_MS))
 }
 
 /// A parked job out again, keeping its sequence, due at `at_ms`.

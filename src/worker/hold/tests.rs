@@ -52,6 +52,8 @@ fn simulate(log: Vec<Job>, mut fail: BTreeMap<u32, u32>) -> (Vec<u32>, Holds<i32
                 Admit::Park { seq, at_ms } => park(j, seq, at_ms, &mut scheduler),
                 Admit::Wait => waiting.push(j),
                 Admit::Released => panic!("nothing released here"),
+                // An earlier run of the job holding the key: finished.
+                Admit::Stale => {}
             }
         }
         // Run the key's next job.
@@ -526,5 +528,155 @@ fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
     assert_eq!(
         next.settled(P, &back(&j2, p2), Settlement::Finished, 3_030),
         HoldUpdate::Write(Change::Let)
+    );
+}
+
+#[test]
+fn parked_jobs_back_while_their_blocker_is_overdue_go_round_less_often() {
+    let mut holds = Holds::new(10).give_up_after(600_000);
+    let j1 = job("k", 1);
+    holds.settled(P, &j1, again(1_000), 0);
+    let p2 = holds.admit(P, &job("k", 2), 10);
+    let back2 = back(&job("k", 2), p2);
+    // The blocker's retry is late (an outage): job 2, back each time it is
+    // due, goes out again after half the time the retry is overdue, from a
+    // second up to 30 s.
+    let mut now = 1_001;
+    let mut rounds = Vec::new();
+    while now < 1_000 + 600_000 {
+        let Admit::Park { seq: 1, at_ms } = holds.admit(P, &back2, now) else {
+            panic!("out again while the retry is missing, at {now}")
+        };
+        rounds.push(at_ms - now);
+        now = at_ms;
+    }
+    assert_eq!(&rounds[..4], &[1_000, 1_000, 1_000, 1_500]);
+    assert_eq!(rounds.iter().max(), Some(&BACK_OFF_MAX_MS));
+    assert!(rounds.len() < 40, "{} rounds in ten minutes", rounds.len());
+    // Once the give-up time is over, the key goes on without the retry.
+    assert_eq!(holds.admit(P, &back2, 1_000 + 600_000 + 1), Admit::Run);
+    assert_eq!(holds.get(P, b"k").map(|h| h.gave_up), Some(1));
+}
+
+#[test]
+fn an_earlier_run_of_the_job_holding_its_key_is_finished_without_running() {
+    let mut holds = Holds::new(10);
+    let (j1, j2) = (job("k", 1), job("k", 2));
+    holds.settled(P, &j1, again(1_000), 0);
+    // Job 1's first run, delivered again (read from an uncommitted offset,
+    // or a copy fired twice): its failure already holds the key.
+    assert_eq!(holds.admit(P, &j1, 10), Admit::Stale);
+    assert_eq!(holds.park_buffered(P, &j1), Some(Admit::Stale));
+    let h = holds.get(P, b"k").expect("held");
+    assert_eq!(h.blocker.as_ref().map(|b| (b.id, b.attempt)), Some((j1.id, 2)));
+    // Its next run is not stale: it runs, and the key goes on.
+    let retry = Job {
+        attempt: 2,
+        ..j1.clone()
+    };
+    assert!(matches!(holds.admit(P, &j2, 20), Admit::Park { seq: 1, .. }));
+    assert_eq!(holds.admit(P, &retry, 1_000), Admit::Run);
+}
+
+#[test]
+fn a_parked_job_run_twice_does_not_hold_its_key_again_when_its_second_run_fails() {
+    let mut holds = Holds::new(10);
+    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
+    holds.settled(P, &j0, again(1_000), 0);
+    let p1 = holds.admit(P, &j1, 10);
+    let p2 = holds.admit(P, &j2, 20);
+    let retry0 = Job {
+        attempt: 2,
+        ..j0.clone()
+    };
+    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
+    holds.settled(P, &retry0, Settlement::Finished, 1_010);
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_020), Admit::Run);
+    holds.settled(P, &back1, Settlement::Finished, 1_030);
+    // A second copy of job 1 runs as any duplicate does, and fails: the
+    // key keeps its place, job 2 is next.
+    assert_eq!(holds.admit(P, &back1, 1_040), Admit::Run, "a duplicate runs");
+    assert_eq!(
+        holds.settled(P, &back1, again(2_000), 1_050),
+        HoldUpdate::Unchanged
+    );
+    let h = holds.get(P, b"k").expect("held");
+    assert!(h.blocker.is_none(), "{h:?}");
+    assert_eq!(holds.admit(P, &back(&j2, p2), 1_060), Admit::Run);
+    assert_eq!(
+        holds.settled(P, &back(&j2, p2), Settlement::Finished, 1_070),
+        HoldUpdate::Write(Change::Let)
+    );
+}
+
+#[test]
+fn jobs_waiting_in_memory_for_late_parked_jobs_are_parked_behind_them_in_their_order() {
+    let mut holds = Holds::new(10);
+    let (j1, j2, j3, j4) = (job("k", 1), job("k", 2), job("k", 3), job("k", 4));
+    holds.settled(P, &j1, again(1_000), 0);
+    let p2 = holds.admit(P, &j2, 10);
+    let retry = Job {
+        attempt: 2,
+        ..j1.clone()
+    };
+    assert_eq!(holds.admit(P, &retry, 1_000), Admit::Run);
+    holds.settled(P, &retry, Settlement::Finished, 1_010);
+    // Job 2 is due now: jobs 3 and 4 wait for it in memory.
+    assert_eq!(holds.admit(P, &j3, 1_020), Admit::Wait);
+    assert_eq!(holds.admit(P, &j4, 1_030), Admit::Wait);
+    assert!(holds.overdue_waiting(1_020 + MAX_WAIT_MS - 1).is_empty());
+    // Job 2 is late: they go out behind it, in their order, and the key
+    // still waits for job 2 (nothing given up).
+    assert_eq!(
+        holds.overdue_waiting(1_020 + MAX_WAIT_MS),
+        vec![(P, Box::from(&b"k"[..]))]
+    );
+    let parked = holds.park_waiting(P, &[&j3, &j4]);
+    assert!(
+        matches!(
+            parked[..],
+            [Admit::Park { seq: 2, .. }, Admit::Park { seq: 3, .. }]
+        ),
+        "{parked:?}"
+    );
+    assert!(holds.overdue_waiting(60_000).is_empty());
+    assert_eq!(holds.get(P, b"k").map(|h| h.gave_up), Some(0));
+    assert!(matches!(
+        holds.admit(P, &back(&j3, parked[0]), 7_000),
+        Admit::Park { seq: 2, .. }
+    ));
+    assert_eq!(holds.admit(P, &back(&j2, p2), 7_100), Admit::Run);
+}
+
+#[test]
+fn a_numbered_copy_of_an_earlier_run_of_the_job_holding_its_key_still_counts_its_number() {
+    let mut holds = Holds::new(10);
+    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
+    holds.settled(P, &j0, again(1_000), 0);
+    // Job 1 is parked twice (its copy from an earlier hold read again after
+    // a crash), then job 2.
+    let p1 = holds.admit(P, &j1, 10);
+    let copy = holds.admit(P, &j1, 20);
+    let p2 = holds.admit(P, &j2, 30);
+    let retry0 = Job {
+        attempt: 2,
+        ..j0.clone()
+    };
+    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
+    holds.settled(P, &retry0, Settlement::Finished, 1_010);
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_020), Admit::Run);
+    holds.settled(P, &back1, again(2_000), 1_030);
+    // The second copy (attempt 1, number 2) is not finished unseen: its
+    // number must come round, or job 2 would wait for it for good. It is
+    // next in line: taken as the blocker's next run.
+    let copy = back(&j1, copy);
+    assert_eq!(holds.admit(P, &copy, 1_040), Admit::Run);
+    holds.settled(P, &copy, Settlement::Finished, 1_050);
+    assert_eq!(
+        holds.admit(P, &back(&j2, p2), 1_060),
+        Admit::Run,
+        "no number is missing"
     );
 }

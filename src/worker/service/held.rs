@@ -16,7 +16,7 @@ use super::{Entry, Shared, State, Tp, WorkerError};
 use crate::config::OnFailure;
 use crate::job::{Job, JobId};
 use crate::kafka;
-use crate::worker::hold::{record, Admit, Cause, Change, HoldUpdate, Settlement, GIVE_UP_MS};
+use crate::worker::hold::{record, Admit, Cause, Change, HoldUpdate, Settlement};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
@@ -91,7 +91,7 @@ pub(super) fn admit(
     let admit = st.holds.admit(e.tp, &e.job, now_ms);
     if gave_up(st) > before {
         warn!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
-            gave_up_after_ms = GIVE_UP_MS, "held key gave up waiting for a job that did not come back; its order may not hold");
+            gave_up_after_ms = st.holds.give_up_ms(), "held key gave up waiting for a job that did not come back; its order may not hold");
     }
     match admit {
         Admit::Run => Some(e),
@@ -105,6 +105,10 @@ pub(super) fn admit(
             parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms));
             None
         }
+        Admit::Stale => {
+            stale(st, &e);
+            None
+        }
         Admit::Wait => {
             let key = (e.tp, e.job.key.clone());
             st.waiting.entry(key.clone()).or_default().push(e);
@@ -116,6 +120,14 @@ pub(super) fn admit(
             None
         }
     }
+}
+
+/// An earlier run of the job holding its key, read again or delivered
+/// twice: finished without running (its failure holds the key already).
+fn stale(st: &mut State, e: &Entry) {
+    debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset, attempt = e.job.attempt,
+        "an earlier run of the job holding its key: finished without running");
+    finish_in(st, e.tp, e.offset, None);
 }
 
 /// Park jobs that waited in memory behind `tp`'s held key, in their order.
@@ -178,6 +190,7 @@ pub(super) fn park_buffered(st: &mut State, tp: Tp, key: &[u8], parks: &mut Vec<
     for e in st.table.take_buffered(key) {
         match st.holds.park_buffered(tp, &e.job) {
             Some(Admit::Park { seq, at_ms }) => parks.push(parked(st, e.job, e.tp, e.offset, seq, at_ms)),
+            Some(Admit::Stale) => stale(st, &e),
             // Its blocker's next run, back already: it runs next.
             _ => st.table.push(e),
         }
@@ -304,42 +317,27 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
     );
 }
 
-/// Keys whose jobs waited in memory too long for a parked job that did not
-/// come back give up on it: their waiting jobs run, or, while the key's
-/// blocker is back and running, are parked behind it (called by the poll
-/// thread about once a second).
-pub(super) fn give_up_waiting(shared: &Arc<Shared>) {
+/// Keys whose jobs waited in memory too long for parked jobs that are late
+/// park them behind those (called by the poll thread about once a second):
+/// their offsets then no longer hold the partition's commit back.
+pub(super) fn park_overdue_waiting(shared: &Arc<Shared>) {
     let now_ms = shared.clock.now().timestamp_millis();
-    let starts = {
-        let mut st = shared.state();
-        if st.waiting.is_empty() {
-            return;
+    let mut st = shared.state();
+    if st.waiting.is_empty() {
+        return;
+    }
+    let mut parks = Vec::new();
+    for (tp, key) in st.holds.overdue_waiting(now_ms) {
+        let entries = st.waiting.remove(&(tp, key.to_vec())).unwrap_or_default();
+        debug!(key = %String::from_utf8_lossy(&key), partition = tp.1, waiting = entries.len(),
+            "jobs waited in memory too long for the key's parked jobs: parked behind them");
+        park_all(&mut st, tp, entries, &mut parks);
+        if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
+            let s = shared.clone();
+            shared.runtime.spawn(async move {
+                s.keeper.write(tp, key.to_vec(), generation).await;
+            });
         }
-        let mut parks = Vec::new();
-        for (tp, key, change) in st.holds.give_up_waiting(now_ms) {
-            let entries = st.waiting.remove(&(tp, key.to_vec())).unwrap_or_default();
-            warn!(key = %String::from_utf8_lossy(&key), partition = tp.1, waiting = entries.len(),
-                gave_up_after_ms = GIVE_UP_MS, "held key gave up waiting for parked jobs that did not come back; its order may not hold");
-            match change {
-                Change::Let => {
-                    for e in entries {
-                        st.table.push(e);
-                    }
-                }
-                // Still held: run from memory, they could be passed by a
-                // later park of the key, and a job read again at or below
-                // a park counts as dealt with (`Hold::parked_to`).
-                Change::Put(_) => park_all(&mut st, tp, entries, &mut parks),
-            }
-            if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
-                let s = shared.clone();
-                shared.runtime.spawn(async move {
-                    s.keeper.write(tp, key.to_vec(), generation).await;
-                });
-            }
-        }
-        shared.keeper.park(parks);
-        super::drive::start_ready(shared, &mut st)
-    };
-    shared.dispatch(starts);
+    }
+    shared.keeper.park(parks);
 }

@@ -164,7 +164,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         store_offsets(shared, &consumer, &mut commits);
         if swept.elapsed() >= Duration::from_secs(1) {
             swept = Instant::now();
-            held::give_up_waiting(shared);
+            held::park_overdue_waiting(shared);
         }
         // Back-pressure: with the buffer full, stop reading until it has
         // drained to three quarters (reading again after every finished job
