@@ -494,22 +494,34 @@ fn a_copy_parked_under_an_earlier_hold_of_its_key_is_a_job_like_any_other() {
     assert!(!holds.get(P, b"k").unwrap().gave(1));
 }
 
-#[test]
-fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
+/// Key `k` held by a failing job 0 (its retry due at 1 000), `jobs` parked
+/// behind it (each park handed to Kafka), then job 0's retry back and
+/// succeeded: the table, and each job's park.
+fn parked_behind_a_retry_that_succeeded(jobs: &[&Job]) -> (Holds<i32>, Vec<Admit>) {
     let mut holds = Holds::new(10);
-    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
-    let retry_of = |j: &Job, attempt| Job { attempt, ..j.clone() };
+    let j0 = job("k", 0);
     holds.settled(P, &j0, again(1_000), 0);
-    let p1 = holds.admit(P, &j1, 10);
-    let p2 = holds.admit(P, &j2, 20);
-    for p in [p1, p2] {
+    let mut parks = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let p = holds.admit(P, j, 10 * (i as i64 + 1));
         let Admit::Park { seq, .. } = p else {
             panic!("parked: {p:?}")
         };
         holds.get_mut(P, b"k").expect("held").sent(seq, None);
+        parks.push(p);
     }
-    assert_eq!(holds.admit(P, &retry_of(&j0, 2), 1_000), Admit::Run);
-    holds.settled(P, &retry_of(&j0, 2), Settlement::Finished, 1_010);
+    let retry0 = Job { attempt: 2, ..j0 };
+    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
+    holds.settled(P, &retry0, Settlement::Finished, 1_010);
+    (holds, parks)
+}
+
+#[test]
+fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
+    let (j1, j2) = (job("k", 1), job("k", 2));
+    let retry_of = |j: &Job, attempt| Job { attempt, ..j.clone() };
+    let (mut holds, parks) = parked_behind_a_retry_that_succeeded(&[&j1, &j2]);
+    let (p1, p2) = (parks[0], parks[1]);
     // Job 1 comes back, runs in its turn and fails: it holds the key, in
     // its place (number 1).
     let back1 = back(&j1, p1);
@@ -580,17 +592,9 @@ fn an_earlier_run_of_the_job_holding_its_key_is_finished_without_running() {
 
 #[test]
 fn a_parked_job_run_twice_does_not_hold_its_key_again_when_its_second_run_fails() {
-    let mut holds = Holds::new(10);
-    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
-    holds.settled(P, &j0, again(1_000), 0);
-    let p1 = holds.admit(P, &j1, 10);
-    let p2 = holds.admit(P, &j2, 20);
-    let retry0 = Job {
-        attempt: 2,
-        ..j0.clone()
-    };
-    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
-    holds.settled(P, &retry0, Settlement::Finished, 1_010);
+    let (j1, j2) = (job("k", 1), job("k", 2));
+    let (mut holds, parks) = parked_behind_a_retry_that_succeeded(&[&j1, &j2]);
+    let (p1, p2) = (parks[0], parks[1]);
     let back1 = back(&j1, p1);
     assert_eq!(holds.admit(P, &back1, 1_020), Admit::Run);
     holds.settled(P, &back1, Settlement::Finished, 1_030);
@@ -651,20 +655,11 @@ fn jobs_waiting_in_memory_for_late_parked_jobs_are_parked_behind_them_in_their_o
 
 #[test]
 fn a_numbered_copy_of_an_earlier_run_of_the_job_holding_its_key_still_counts_its_number() {
-    let mut holds = Holds::new(10);
-    let (j0, j1, j2) = (job("k", 0), job("k", 1), job("k", 2));
-    holds.settled(P, &j0, again(1_000), 0);
+    let (j1, j2) = (job("k", 1), job("k", 2));
     // Job 1 is parked twice (its copy from an earlier hold read again after
     // a crash), then job 2.
-    let p1 = holds.admit(P, &j1, 10);
-    let copy = holds.admit(P, &j1, 20);
-    let p2 = holds.admit(P, &j2, 30);
-    let retry0 = Job {
-        attempt: 2,
-        ..j0.clone()
-    };
-    assert_eq!(holds.admit(P, &retry0, 1_000), Admit::Run);
-    holds.settled(P, &retry0, Settlement::Finished, 1_010);
+    let (mut holds, parks) = parked_behind_a_retry_that_succeeded(&[&j1, &j1, &j2]);
+    let (p1, copy, p2) = (parks[0], parks[1], parks[2]);
     let back1 = back(&j1, p1);
     assert_eq!(holds.admit(P, &back1, 1_020), Admit::Run);
     holds.settled(P, &back1, again(2_000), 1_030);
