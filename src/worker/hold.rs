@@ -196,9 +196,10 @@ pub enum Admit {
     Released,
     /// Finish it without running: an earlier run of the job holding its key
     /// (a copy read again or delivered twice, with no park number of this
-    /// hold: a numbered copy counts its number in its turn), whose failure
-    /// is what holds the key; its next run carries on. Run, it would fail
-    /// over again and hold the key a second time for the same failure.
+    /// hold or one counted already: a numbered copy not yet counted counts
+    /// its number in its turn), whose failure is what holds the key; its
+    /// next run carries on. Run, it would be taken for that next run, or
+    /// fail over again and hold the key a second time for one failure.
     Stale,
     /// Keep it in memory: it runs once the key's parked jobs, coming back
     /// now, have run (the key is then let go).

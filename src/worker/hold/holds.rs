@@ -180,7 +180,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         }
         let own = h.park_of(job);
         if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
-            if job.attempt < b.attempt && own.is_none() {
+            if job.attempt < b.attempt && own.is_none_or(|s| s <= h.admitted_seq) {
                 return Admit::Stale;
             }
             return blockers_next_run(h, own, now_ms + BACK_TOO_SOON_MS);
@@ -259,7 +259,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let due = h.blocker.as_ref().map_or(h.tail_at_ms, |b| b.due_ms);
         let own = h.park_of(job);
         if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
-            if job.attempt < b.attempt && own.is_none() {
+            if job.attempt < b.attempt && own.is_none_or(|s| s <= h.admitted_seq) {
                 return Some(Admit::Stale);
             }
             return Some(blockers_next_run(h, own, due));

@@ -675,3 +675,22 @@ fn a_numbered_copy_of_an_earlier_run_of_the_job_holding_its_key_still_counts_its
         "no number is missing"
     );
 }
+
+#[test]
+fn a_second_copy_of_a_parked_job_holding_its_key_is_not_taken_for_its_next_run() {
+    let (j1, j2) = (job("k", 1), job("k", 2));
+    let (mut holds, parks) = parked_behind_a_retry_that_succeeded(&[&j1, &j2]);
+    let (p1, p2) = (parks[0], parks[1]);
+    // Job 1 comes back, runs in its turn and fails: it holds the key.
+    let back1 = back(&j1, p1);
+    assert_eq!(holds.admit(P, &back1, 1_020), Admit::Run);
+    holds.settled(P, &back1, again(3_000), 1_030);
+    // A second copy of its park (fired twice, or read again after a
+    // crash): its number is counted, and it is not job 1's next run.
+    assert_eq!(holds.admit(P, &back1, 1_040), Admit::Stale);
+    assert_eq!(holds.park_buffered(P, &back1), Some(Admit::Stale));
+    assert!(
+        matches!(holds.admit(P, &back(&j2, p2), 1_050), Admit::Park { seq: 2, .. }),
+        "job 2 waits for job 1's next run"
+    );
+}
