@@ -139,6 +139,16 @@ impl Hold {
         job.parked.filter(|s| self.gave(*s))
     }
 
+    /// Whether `job` (park number `own` of this hold, if any) is an earlier
+    /// run of the job holding the key, already dealt with: see
+    /// [`Admit::Stale`].
+    fn stale_run(&self, job: &Job, own: Option<u32>) -> bool {
+        self.blocker
+            .as_ref()
+            .is_some_and(|b| b.id == job.id && job.attempt < b.attempt)
+            && own.is_none_or(|s| s <= self.admitted_seq)
+    }
+
     /// Parked jobs not yet run.
     pub fn parked(&self) -> u32 {
         self.last_seq - self.done_seq.min(self.last_seq)

@@ -179,10 +179,10 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             return Admit::Released;
         }
         let own = h.park_of(job);
-        if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
-            if job.attempt < b.attempt && own.is_none_or(|s| s <= h.admitted_seq) {
-                return Admit::Stale;
-            }
+        if h.stale_run(job, own) {
+            return Admit::Stale;
+        }
+        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
             return blockers_next_run(h, own, now_ms + BACK_TOO_SOON_MS);
         }
         let blocker_out = match &h.blocker {
@@ -258,10 +258,10 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let h = self.get_mut(partition, &job.key)?;
         let due = h.blocker.as_ref().map_or(h.tail_at_ms, |b| b.due_ms);
         let own = h.park_of(job);
-        if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
-            if job.attempt < b.attempt && own.is_none_or(|s| s <= h.admitted_seq) {
-                return Some(Admit::Stale);
-            }
+        if h.stale_run(job, own) {
+            return Some(Admit::Stale);
+        }
+        if h.blocker.as_ref().is_some_and(|b| b.id == job.id) {
             return Some(blockers_next_run(h, own, due));
         }
         Some(match own {
