@@ -162,7 +162,7 @@ impl Default for SchedulerConfig {
             window: Duration::from_secs(60),
             window_capacity: 100_000,
             fire_batch: 1000,
-            ingest_batch: 2000,
+            ingest_batch: 8000,
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
             max_clock_skew: Duration::from_millis(100),

@@ -40,9 +40,11 @@ pub(super) struct PartitionBatch {
 }
 
 impl PartitionBatch {
-    /// Empty, keeping the allocations for the next batch.
-    pub(super) fn clear(&mut self) {
+    /// Empty, keeping the allocations for the next batch (a batch's worth
+    /// of changes at most: a burst's larger lists are let go).
+    pub(super) fn clear(&mut self, keep: usize) {
         self.changes.clear();
+        self.changes.shrink_to(keep);
         self.ids.clear();
         self.last_offset = 0;
         self.created_ms = None;
@@ -279,8 +281,10 @@ pub(super) fn apply_batch(
     // Only now may the offsets be committed (the read thread stores them).
     direct::settle_batch(shared, &parts, &fallback);
     shared.stats.ingested.fetch_add(b.read, Ordering::Relaxed);
+    // A partition's share of a full batch is kept for the next one.
+    let keep = shared.cfg.scheduler.ingest_batch / parts.len().max(1);
     spare.extend(parts.into_values().map(|mut pb| {
-        pb.clear();
+        pb.clear(keep);
         pb
     }));
     Ok(())
