@@ -25,6 +25,13 @@ use std::collections::VecDeque;
 
 use crate::hash::HashMap;
 
+/// Most answered probes kept per partition while ingest catches up with
+/// them; when full, the newest replaces the last one kept. Probes follow
+/// each other about every millisecond while jobs wait, and ingest reaches
+/// their ends a fetch at a time: each probe dropped is a job that waits for
+/// a later fetch.
+const MOST_PROBES_WAITING: usize = 16;
+
 /// One probe: started at `at_ms`, when the partition ended at `end`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Probe {
@@ -43,7 +50,7 @@ struct Part {
     /// Every record written before this instant (ms) is read.
     until_ms: i64,
     /// Probes answered, waiting for ingest to reach their end (oldest first,
-    /// at most two: the oldest and the newest).
+    /// ends rising, at most [`MOST_PROBES_WAITING`]).
     answered: VecDeque<Probe>,
     /// Start of the newest probe asked for (in flight or answered).
     asked_ms: Option<i64>,
@@ -138,10 +145,16 @@ impl CaughtUp {
             p.answered.retain(|q| q.end > p.next);
             return moved;
         }
-        if p.answered.len() >= 2 {
-            p.answered.pop_back();
+        match p.answered.back_mut() {
+            // Nothing written since: the newer probe says more.
+            Some(last) if last.end >= end => last.at_ms = last.at_ms.max(at_ms),
+            _ => {
+                if p.answered.len() >= MOST_PROBES_WAITING {
+                    p.answered.pop_back();
+                }
+                p.answered.push_back(Probe { at_ms, end });
+            }
         }
-        p.answered.push_back(Probe { at_ms, end });
         false
     }
 
@@ -248,7 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_oldest_and_newest_unmet_probes_are_kept() {
+    fn every_unmet_probe_counts_in_its_turn_up_to_the_most_kept() {
         let mut c = CaughtUp::new(0);
         c.assign(0, 0, 0);
         c.probed(0, 100, 10);
@@ -257,9 +270,27 @@ mod tests {
         c.ingested(0, 10, None);
         assert_eq!(c.until_ms(0), 100);
         c.ingested(0, 25, None);
-        assert_eq!(c.until_ms(0), 100, "the probe ending at 20 was dropped");
+        assert_eq!(c.until_ms(0), 200, "the probe ending at 20 is met");
         c.ingested(0, 30, None);
         assert_eq!(c.until_ms(0), 300);
+
+        // A probe finding the same end replaces the one before it.
+        c.probed(0, 400, 40);
+        c.probed(0, 450, 40);
+        c.ingested(0, 40, None);
+        assert_eq!(c.until_ms(0), 450);
+
+        // Past the most kept, the newest takes the last place.
+        let n = MOST_PROBES_WAITING as i64;
+        for i in 1..=n + 5 {
+            c.probed(0, 1_000 + i, 100 + i);
+        }
+        c.ingested(0, 100 + n - 1, None);
+        assert_eq!(c.until_ms(0), 1_000 + n - 1, "the first n - 1 are kept");
+        c.ingested(0, 100 + n, None);
+        assert_eq!(c.until_ms(0), 1_000 + n - 1, "the n-th was replaced");
+        c.ingested(0, 100 + n + 5, None);
+        assert_eq!(c.until_ms(0), 1_000 + n + 5);
     }
 
     #[test]
