@@ -79,6 +79,8 @@ pub struct SchedulerConfig {
     /// Most schedule records read in one batch (and at most 16 MiB of keys
     /// and payloads). Batches read while one is being persisted are merged
     /// and persisted together (one fsync), up to twice this many waiting.
+    /// The schedule consumer reads ahead this many records per partition
+    /// (`queued.min.messages`, unless `kafka.consumer` sets it).
     pub ingest_batch: usize,
     /// How often the scheduler logs what it owns, pending counts and lag.
     #[serde(with = "humantime_serde")]
