@@ -76,7 +76,7 @@
 //! `KAIROS_BENCH_TIMEOUT_SECS` (3600) bounds every wait.
 //! `KAIROS_BENCH_TRACE=1` prints the throughput case's progress every 100 ms
 //! (jobs started; the scheduler's ingested, fired and pending counts).
-//! `KAIROS_BENCH_INGEST_BATCH` overrides `[scheduler] ingest_batch` (8000), a
+//! `KAIROS_BENCH_INGEST_BATCH` overrides `[scheduler] ingest_batch` (2000), a
 //! diagnostic of the trade between ingest speed and memory.
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! 1. Fills a sled [`Store`] (16 MiB cache, as the default config) with N
-//!    jobs in ingest batches of 8000, one flush (fsync) per batch, printing
+//!    jobs in ingest batches of 2000, one flush (fsync) per batch, printing
 //!    the process's memory every 1M jobs; then builds a [`TimerWheel`]
 //!    (60 s span, 100,000 capacity) and refills it once.
 //! 2. Starts `redis-server` (no persistence), ZADDs the same N jobs, reads

@@ -7,7 +7,7 @@
 //! cargo bench --bench scheduler_store -- 50000     # quick run
 //! ```
 //!
-//! - sled: `Store::apply_all` of Put batches of 8000 (all partitions in one
+//! - sled: `Store::apply_all` of Put batches of 2000 (all partitions in one
 //!   batch, one flush = fsync of the value log and of sled per batch, as
 //!   ingest does); then, with "now" past every run-at, the scheduler's fire
 //!   path on two threads, as the service runs it: a dispatcher (cascade one
@@ -16,7 +16,7 @@
 //!   `apply_all` of `Change::Fired` + flush, then `TimerWheel::follow`),
 //!   until nothing is left. Redis runs on its own core too (a separate
 //!   process; the ZREMs are pipelined with the next range).
-//! - Redis (`--save '' --appendonly no`: not durable): variadic ZADD of 8000
+//! - Redis (`--save '' --appendonly no`: not durable): variadic ZADD of 2000
 //!   members per command, pipelined; then ZRANGEBYSCORE -inf now LIMIT 0 1000
 //!   and ZREM of the members it returned, each ZREM pipelined with the next
 //!   ZRANGEBYSCORE (one round trip per batch).

@@ -79,8 +79,6 @@ pub struct SchedulerConfig {
     /// Most schedule records read in one batch (and at most 16 MiB of keys
     /// and payloads). Batches read while one is being persisted are merged
     /// and persisted together (one fsync), up to twice this many waiting.
-    /// The schedule consumer reads ahead this many records per partition
-    /// (`queued.min.messages`, unless `kafka.consumer` sets it).
     pub ingest_batch: usize,
     /// How often the scheduler logs what it owns, pending counts and lag.
     #[serde(with = "humantime_serde")]
@@ -164,7 +162,7 @@ impl Default for SchedulerConfig {
             window: Duration::from_secs(60),
             window_capacity: 100_000,
             fire_batch: 1000,
-            ingest_batch: 8000,
+            ingest_batch: 2000,
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
             max_clock_skew: Duration::from_millis(100),

@@ -75,11 +75,6 @@ pub struct Membership<'a> {
     /// the coordinator: a member that commits on its own cadence keeps this
     /// long, as a backstop for a commit of its own that failed.
     pub auto_commit_every: std::time::Duration,
-    /// Most records librdkafka reads ahead per partition
-    /// (`queued.min.messages`; `None`: librdkafka's 100,000). A small record
-    /// read ahead costs a few hundred bytes of librdkafka's own, on top of
-    /// `queued.max.messages.kbytes` of record data.
-    pub read_ahead: Option<usize>,
 }
 
 /// Consumer settings for a member of a group: offsets are stored by Kairos
@@ -112,9 +107,6 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
     // then stalls: the scheduler draining 200,000 due jobs sat idle for a
     // third of a second with an empty queue. Looking every 10 ms costs nothing.
     c.set("fetch.queue.backoff.ms", "10");
-    if let Some(n) = member.read_ahead {
-        c.set("queued.min.messages", n.max(1).to_string());
-    }
     apply(&mut c, cfg.client.iter());
     apply(&mut c, cfg.consumer.iter());
     c
@@ -444,10 +436,8 @@ mod tests {
             session_timeout: std::time::Duration::from_secs(10),
             instance_id: Some("i-1".into()),
             auto_commit_every: std::time::Duration::from_millis(100),
-            read_ahead: Some(8000),
         };
         let c = consumer_config(&cfg, &member, "c");
-        assert_eq!(c.get("queued.min.messages"), Some("8000"));
         assert_eq!(c.get("auto.offset.reset"), Some("latest"));
         assert_eq!(c.get("linger.ms"), None);
         assert_eq!(c.get("group.id"), Some("g"));
@@ -461,12 +451,10 @@ mod tests {
         cfg.consumer.clear();
         let member = Membership {
             instance_id: None,
-            read_ahead: None,
             ..member
         };
         let c = consumer_config(&cfg, &member, "c");
         assert_eq!(c.get("session.timeout.ms"), Some("10000"));
-        assert_eq!(c.get("queued.min.messages"), None);
         assert_eq!(c.get("group.instance.id"), None);
     }
 

@@ -29,7 +29,7 @@ pub const PAYLOAD_BYTES: usize = 100;
 /// sled page cache, as `cache_capacity` in config/scheduler.toml (16 MiB).
 pub const CACHE_BYTES: u64 = 16 << 20;
 /// Jobs per ingest batch (one fsync each), as `ingest_batch`.
-pub const INGEST_BATCH: usize = 8000;
+pub const INGEST_BATCH: usize = 2000;
 /// Jobs per fire batch, as `fire_batch`.
 pub const FIRE_BATCH: usize = 1000;
 /// The timer wheel's span and capacity, as `window` and `window_capacity`.

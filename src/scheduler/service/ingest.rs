@@ -172,10 +172,6 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError>
         instance_id: shared.instance_id.clone(),
         // What a crash re-reads is what was stored since the last commit.
         auto_commit_every: Duration::from_millis(100),
-        // A batch's worth per partition keeps the read thread fed; the
-        // default (100,000 records a partition) held tens of MiB during a
-        // flood, kept by the allocator after it.
-        read_ahead: Some(cfg.scheduler.ingest_batch),
     };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &cfg.kafka,

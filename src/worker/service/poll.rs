@@ -146,7 +146,6 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         // The worker commits every `COMMIT_EVERY` itself (`store_offsets`);
         // librdkafka's timer only commits again what a failed commit left.
         auto_commit_every: Duration::from_secs(1),
-        read_ahead: None,
     };
     let consumer: BaseConsumer<Ctx> = kafka::consumer(
         &shared.cfg.kafka,
