@@ -77,7 +77,11 @@
 //! `KAIROS_BENCH_TRACE=1` prints the throughput case's progress every 100 ms
 //! (jobs started; the scheduler's ingested, fired and pending counts).
 //! `KAIROS_BENCH_INGEST_BATCH` overrides `[scheduler] ingest_batch` (2000), a
-//! diagnostic of the trade between ingest speed and memory.
+//! diagnostic of the trade between ingest speed and memory, and
+//! `KAIROS_BENCH_READ_AHEAD` the scheduler's `queued.min.messages`
+//! (librdkafka's default) and `KAIROS_BENCH_LINGER_MS` its producer's
+//! `linger.ms` (5) (the memory case's process reads
+//! `KAIROS_KAFKA__CONSUMER__QUEUED_MIN_MESSAGES` and the like instead).
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as
 //! diagnostics: with `backlog_time` 0 the fair topic's release rate is about
@@ -325,7 +329,16 @@ fn start<H: Handler>(rt: &Runtime, cfg: &Config, kind: Kind, handler: H) -> Runn
     let mut tasks = Vec::new();
     let mut scheduler = None;
     if kind == Kind::Fair {
-        let s = Scheduler::builder(cfg).build().expect("scheduler");
+        let mut cfg = cfg.clone();
+        if let Ok(n) = std::env::var("KAIROS_BENCH_READ_AHEAD") {
+            cfg.kafka
+                .consumer
+                .insert("queued.min.messages".into(), n.as_str().into());
+        }
+        if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
+            cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
+        }
+        let s = Scheduler::builder(&cfg).build().expect("scheduler");
         scheduler = Some(s.handle());
         let st = stop.clone();
         tasks.push(rt.spawn(async move {
