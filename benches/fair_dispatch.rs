@@ -76,12 +76,10 @@
 //! `KAIROS_BENCH_TIMEOUT_SECS` (3600) bounds every wait.
 //! `KAIROS_BENCH_TRACE=1` prints the throughput case's progress every 100 ms
 //! (jobs started; the scheduler's ingested, fired and pending counts).
-//! `KAIROS_BENCH_INGEST_BATCH` overrides `[scheduler] ingest_batch` (2000), a
-//! diagnostic of the trade between ingest speed and memory, and
-//! `KAIROS_BENCH_READ_AHEAD` the scheduler's `queued.min.messages`
-//! (librdkafka's default) and `KAIROS_BENCH_LINGER_MS` its producer's
-//! `linger.ms` (5) (the memory case's process reads
-//! `KAIROS_KAFKA__CONSUMER__QUEUED_MIN_MESSAGES` and the like instead).
+//! `KAIROS_BENCH_INGEST_BATCH`, `KAIROS_BENCH_READ_AHEAD` and
+//! `KAIROS_BENCH_LINGER_MS` override the scheduler's ingest batch (2000),
+//! its consumer's `queued.min.messages` and its producer's `linger.ms` (5),
+//! diagnostics of the trade between ingest speed and memory.
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as
 //! diagnostics: with `backlog_time` 0 the fair topic's release rate is about
@@ -192,9 +190,6 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     }
     if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS").map(|v| v.parse()) {
         cfg.fair.backlog_time = Duration::from_millis(ms);
-    }
-    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
-        cfg.scheduler.ingest_batch = n;
     }
     let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).to_string();
     cfg.kafka
@@ -330,14 +325,7 @@ fn start<H: Handler>(rt: &Runtime, cfg: &Config, kind: Kind, handler: H) -> Runn
     let mut scheduler = None;
     if kind == Kind::Fair {
         let mut cfg = cfg.clone();
-        if let Ok(n) = std::env::var("KAIROS_BENCH_READ_AHEAD") {
-            cfg.kafka
-                .consumer
-                .insert("queued.min.messages".into(), n.as_str().into());
-        }
-        if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
-            cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
-        }
+        support::scheduler_knobs(&mut cfg);
         let s = Scheduler::builder(&cfg).build().expect("scheduler");
         scheduler = Some(s.handle());
         let st = stop.clone();
@@ -946,6 +934,7 @@ fn memory(rt: &Runtime, summary: &mut Vec<String>) {
     let bpid = broker_pid(broker.port);
     let dir = bench_dir("kairos-bench-fair-mem-");
     let mut cfg = bench_config(&broker, dir.path(), Kind::Fair);
+    support::scheduler_knobs(&mut cfg);
     let addr: SocketAddr = format!("127.0.0.1:{}", common::free_port())
         .parse()
         .expect("address");

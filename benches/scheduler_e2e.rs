@@ -421,7 +421,7 @@ fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Ru
         .expect("temp dir");
     let mut cfg = cfg.clone();
     cfg.scheduler.data_dir = dir.path().join("store");
-    scheduler_knobs(&mut cfg);
+    support::scheduler_knobs(&mut cfg);
     let mut s = Scheduler::builder(&cfg).build().expect("scheduler");
     if rule == Rule::Off {
         s = s.fire_unread();
@@ -438,24 +438,6 @@ fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Ru
         handle,
         admin,
         _dir: dir,
-    }
-}
-
-/// `KAIROS_BENCH_INGEST_BATCH` sets `[scheduler] ingest_batch` (2000) and
-/// `KAIROS_BENCH_READ_AHEAD` the scheduler's `queued.min.messages`
-/// (librdkafka's default), `KAIROS_BENCH_LINGER_MS` its producer's
-/// `linger.ms` (5), to compare settings on one machine.
-fn scheduler_knobs(cfg: &mut Config) {
-    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
-        cfg.scheduler.ingest_batch = n;
-    }
-    if let Ok(n) = std::env::var("KAIROS_BENCH_READ_AHEAD") {
-        cfg.kafka
-            .consumer
-            .insert("queued.min.messages".into(), n.as_str().into());
-    }
-    if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
-        cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
     }
 }
 

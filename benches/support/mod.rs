@@ -441,3 +441,21 @@ pub fn zadd_all(
     }
     Ok(added)
 }
+
+/// The scheduler's settings a bench run may override, to compare them on
+/// one machine: `KAIROS_BENCH_INGEST_BATCH` (`[scheduler] ingest_batch`,
+/// 2000), `KAIROS_BENCH_READ_AHEAD` (its consumer's `queued.min.messages`,
+/// librdkafka's default) and `KAIROS_BENCH_LINGER_MS` (its producer's
+/// `linger.ms`, 5). Apply to the scheduler's configuration alone.
+pub fn scheduler_knobs(cfg: &mut kairos::Config) {
+    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
+        cfg.scheduler.ingest_batch = n;
+    }
+    if let Ok(n) = std::env::var("KAIROS_BENCH_READ_AHEAD") {
+        let v = n.as_str().into();
+        cfg.kafka.consumer.insert("queued.min.messages".into(), v);
+    }
+    if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
+        cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
+    }
+}
