@@ -16,7 +16,7 @@
 //! case runs on a fresh broker, fresh topics (3 schedule, 3 work
 //! partitions) and, on a fair topic, a scheduler with its own store under
 //! `$KAIROS_BENCH_DIR` (else /tmp). Shipped settings (`[fair]`
-//! `backlog_target` 1000, `poll_interval` 100 ms, `scheduler.window` 60 s),
+//! `backlog_target` 1000, `poll_interval` 30 ms, `scheduler.window` 60 s),
 //! except that every consumer waits at most `fetch.wait.max.ms` = 10 ms
 //! (`KAIROS_BENCH_FETCH_WAIT_MS`) for a fetch: the test broker answers
 //! fetches in bursts rather than as soon as data arrives, as Kafka does
@@ -80,7 +80,8 @@
 //! `KAIROS_BENCH_LINGER_MS` override the scheduler's ingest batch (2000),
 //! its consumer's `queued.min.messages` and its producer's `linger.ms` (5),
 //! diagnostics of the trade between ingest speed and memory.
-//! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000)
+//! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000),
+//! `KAIROS_BENCH_POLL_MS` `[fair] poll_interval` (30 ms)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as
 //! diagnostics: with `backlog_time` 0 the fair topic's release rate is about
 //! `backlog_target` jobs per round trip of the workers' commits (every
@@ -190,6 +191,9 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     }
     if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS").map(|v| v.parse()) {
         cfg.fair.backlog_time = Duration::from_millis(ms);
+    }
+    if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_POLL_MS").map(|v| v.parse()) {
+        cfg.fair.poll_interval = Duration::from_millis(ms);
     }
     let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).to_string();
     cfg.kafka

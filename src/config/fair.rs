@@ -59,7 +59,7 @@ impl Default for FairConfig {
             half_life: Duration::from_secs(60),
             backlog_target: 1000,
             backlog_time: Duration::from_millis(300),
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_millis(30),
         }
     }
 }
