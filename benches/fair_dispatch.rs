@@ -76,10 +76,11 @@
 //! `KAIROS_BENCH_TIMEOUT_SECS` (3600) bounds every wait.
 //! `KAIROS_BENCH_TRACE=1` prints the throughput case's progress every 100 ms
 //! (jobs started; the scheduler's ingested, fired and pending counts).
-//! `KAIROS_BENCH_INGEST_BATCH`, `KAIROS_BENCH_READ_AHEAD` and
-//! `KAIROS_BENCH_LINGER_MS` override the scheduler's ingest batch (2000),
-//! its consumer's `queued.min.messages` and its producer's `linger.ms` (5),
-//! diagnostics of the trade between ingest speed and memory.
+//! `KAIROS_BENCH_INGEST_BATCH`, `KAIROS_BENCH_READ_AHEAD`,
+//! `KAIROS_BENCH_LINGER_MS` and `KAIROS_BENCH_APPLY_THREADS` override the
+//! scheduler's ingest batch (2000), its consumer's `queued.min.messages`,
+//! its producer's `linger.ms` (5) and its apply threads (2), diagnostics
+//! of the trade between ingest speed and memory.
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000),
 //! `KAIROS_BENCH_POLL_MS` `[fair] poll_interval` (30 ms)
 //! and `KAIROS_BENCH_BACKLOG_TIME_MS` `[fair] backlog_time` (300 ms), as

@@ -78,8 +78,15 @@ pub struct SchedulerConfig {
     pub fire_batch: usize,
     /// Most schedule records read in one batch (and at most 16 MiB of keys
     /// and payloads). Batches read while one is being persisted are merged
-    /// and persisted together (one fsync), up to twice this many waiting.
+    /// and persisted together (one fsync), up to twice this many waiting
+    /// per apply thread.
     pub ingest_batch: usize,
+    /// Threads that persist ingested batches, each for a fixed share of the
+    /// schedule partitions (partition `p` on thread `p % apply_threads`):
+    /// one waits for its changelog acknowledgements while another works.
+    /// More (up to one per partition an instance owns) ingest a flood
+    /// faster and take more memory while ingesting (BENCHMARKS.md).
+    pub apply_threads: usize,
     /// How often the scheduler logs what it owns, pending counts and lag.
     #[serde(with = "humantime_serde")]
     pub report_interval: Duration,
@@ -163,6 +170,7 @@ impl Default for SchedulerConfig {
             window_capacity: 100_000,
             fire_batch: 1000,
             ingest_batch: 2000,
+            apply_threads: 2,
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
             max_clock_skew: Duration::from_millis(100),
@@ -358,6 +366,7 @@ impl Config {
             ("scheduler.window_capacity", s.window_capacity),
             ("scheduler.fire_batch", s.fire_batch),
             ("scheduler.ingest_batch", s.ingest_batch),
+            ("scheduler.apply_threads", s.apply_threads),
         ] {
             if n == 0 {
                 return Err(invalid(key, "must be at least 1"));

@@ -445,8 +445,9 @@ pub fn zadd_all(
 /// The scheduler's settings a bench run may override, to compare them on
 /// one machine: `KAIROS_BENCH_INGEST_BATCH` (`[scheduler] ingest_batch`,
 /// 2000), `KAIROS_BENCH_READ_AHEAD` (its consumer's `queued.min.messages`,
-/// librdkafka's default) and `KAIROS_BENCH_LINGER_MS` (its producer's
-/// `linger.ms`, 5). Apply to the scheduler's configuration alone.
+/// librdkafka's default), `KAIROS_BENCH_LINGER_MS` (its producer's
+/// `linger.ms`, 5) and `KAIROS_BENCH_APPLY_THREADS` (`[scheduler]
+/// apply_threads`, 2). Apply to the scheduler's configuration alone.
 pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
         cfg.scheduler.ingest_batch = n;
@@ -457,5 +458,8 @@ pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     }
     if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
         cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
+    }
+    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_APPLY_THREADS").map(|v| v.parse()) {
+        cfg.scheduler.apply_threads = n;
     }
 }

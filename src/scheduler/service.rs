@@ -5,10 +5,10 @@
 //!   records, decodes them, skips what was handled before, dead-letters
 //!   what is malformed, claims the jobs a batch names; hands the batch over
 //!   through [`applying`] to
-//! - [`apply`] (thread `kairos-apply`): resolves each change against the
-//!   batch, the window's direct jobs and the store, and [`persist`]s it
-//!   (changelog acknowledged, store flushed) before the batch's offsets may
-//!   be committed.
+//! - [`apply`] (threads `kairos-apply-N`, each for a lane of partitions):
+//!   resolves each change against the batch, the window's direct jobs and
+//!   the store, and [`persist`]s it (changelog acknowledged, store flushed)
+//!   before the batch's offsets may be committed.
 //! - [`probe`] (thread `kairos-probe`): the end offsets of schedule
 //!   partitions whose due jobs wait to have their partition read up to
 //!   their run-at.
@@ -140,8 +140,8 @@ struct Shared {
     probe: SyncSender<()>,
     /// The probe thread's end of `probe`, taken by `run`.
     probe_inbox: Mutex<Option<Receiver<()>>>,
-    /// Batches of schedule records read and not yet applied.
-    applying: applying::Applying,
+    /// Batches of schedule records read and not yet applied, per apply lane.
+    applying: applying::Lanes,
     /// The partitions store writes may touch (not those let go).
     owned: draining::Owned,
     /// Fire due jobs without waiting for their partition to be read up to
@@ -294,7 +294,7 @@ impl Scheduler {
                 probe_inbox: Mutex::new(Some(probe_inbox)),
                 fire_unread: std::sync::atomic::AtomicBool::new(false),
                 backlog: backlog::Backlog::new(&cfg.fair.topics),
-                applying: applying::Applying::default(),
+                applying: applying::Lanes::new(s.apply_threads),
                 owned: draining::Owned::default(),
                 stats: Stats::default(),
             }),

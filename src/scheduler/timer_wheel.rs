@@ -189,15 +189,19 @@ impl TimerWheel {
         None
     }
 
-    /// The direct jobs in the window since before `before_ms` (not taken
-    /// for firing), copied; their partitions are held (no job of theirs is
+    /// The direct jobs of the `partitions` chosen in the window since before
+    /// `before_ms` (not taken for firing), copied; their partitions are held (no job of theirs is
     /// taken) until [`TimerWheel::persisted`]: they are about to be
     /// persisted, so they stop holding their partition's commit.
-    pub fn persist_direct_older(&mut self, before_ms: i64) -> Vec<(DueKey, StoredJob)> {
+    pub fn persist_direct_older(
+        &mut self,
+        before_ms: i64,
+        partitions: impl Fn(i32) -> bool,
+    ) -> Vec<(DueKey, StoredJob)> {
         let mut out: Vec<(DueKey, StoredJob)> = self
             .direct
             .iter()
-            .filter(|(_, since)| **since < before_ms)
+            .filter(|(k, since)| **since < before_ms && partitions(k.partition))
             .filter_map(|(k, _)| self.entries.get(k).map(|j| (*k, j.clone())))
             .collect();
         out.sort_unstable_by_key(|(k, _)| *k);

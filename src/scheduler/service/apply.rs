@@ -1,4 +1,4 @@
-//! The apply thread: resolves each change of a batch read against the
+//! The apply threads (one per lane of partitions): each resolves each change of a batch read against the
 //! batch, the window's direct jobs and the store; persists; puts the jobs
 //! into the window; then lets the batch's offsets be committed.
 
@@ -99,16 +99,16 @@ pub(super) struct Named {
     pub(super) claim: Claim,
 }
 
-/// Apply the batches read, in order, and between them hand direct jobs
-/// held too long over to the store. After a failure (the scheduler is then
-/// stopping) the rest are only taken off.
-pub(super) fn apply_loop(shared: &Arc<Shared>) {
+/// Apply the batches read on `lane`, in order, and between them hand the
+/// lane's direct jobs held too long over to the store. After a failure (the
+/// scheduler is then stopping) the rest are only taken off.
+pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
     let mut spare: Vec<PartitionBatch> = Vec::new();
     let mut failed = false;
     let every = direct::HOLD_AT_MOST / 4;
     let mut handed_over = Instant::now();
     loop {
-        let next = shared.applying.take_within(every);
+        let next = shared.applying.lane(lane).take_within(every);
         let result = match next {
             Next::Closed => break,
             Next::Batch(_) | Next::Idle if failed => continue,
@@ -118,7 +118,7 @@ pub(super) fn apply_loop(shared: &Arc<Shared>) {
         let result = result.and_then(|()| {
             if handed_over.elapsed() >= every {
                 handed_over = Instant::now();
-                direct::hand_over_old(shared)?;
+                direct::hand_over_old(shared, lane)?;
             }
             Ok(())
         });

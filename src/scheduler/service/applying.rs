@@ -1,10 +1,64 @@
 //! The hand-off between the read and the apply threads: records read and
-//! not yet applied, merged while the apply thread is busy.
+//! not yet applied, merged while an apply thread is busy. Each apply thread
+//! has its lane, for a fixed share of the partitions: batches of different
+//! lanes are persisted side by side (one waits for its changelog
+//! acknowledgements while another resolves or writes the store), and a
+//! partition's batches stay in order on its lane.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::ingest::{ReadBatch, BATCH_BYTES};
+
+/// The apply threads' lanes: partition `p` is applied on lane `p % lanes`.
+pub(super) struct Lanes {
+    lanes: Vec<Applying>,
+}
+
+impl Lanes {
+    /// `n` lanes (at least one).
+    pub(super) fn new(n: usize) -> Lanes {
+        Lanes {
+            lanes: (0..n.max(1)).map(|_| Applying::default()).collect(),
+        }
+    }
+
+    /// How many lanes (apply threads) there are.
+    pub(super) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The lane partition `p` is applied on.
+    pub(super) fn of(&self, p: i32) -> usize {
+        p.unsigned_abs() as usize % self.lanes.len()
+    }
+
+    /// Lane `i`.
+    pub(super) fn lane(&self, i: usize) -> &Applying {
+        &self.lanes[i]
+    }
+
+    /// Hand each lane its batch (see [`Applying::push`]); lanes with
+    /// nothing read are left alone.
+    pub(super) fn push(&self, batches: Vec<ReadBatch>, most: usize) {
+        for (lane, b) in self.lanes.iter().zip(batches) {
+            if b.read > 0 {
+                lane.push(b, most);
+            }
+        }
+    }
+
+    /// No more batches come, on any lane.
+    pub(super) fn close(&self) {
+        self.lanes.iter().for_each(Applying::close);
+    }
+
+    /// Wait until every batch read is applied on every lane, or `deadline`;
+    /// whether they are.
+    pub(super) fn wait_idle(&self, deadline: Instant) -> bool {
+        self.lanes.iter().all(|l| l.wait_idle(deadline))
+    }
+}
 
 /// What the apply thread gets from [`Applying::take_within`].
 pub(super) enum Next {
@@ -104,5 +158,38 @@ impl Applying {
                 .0;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(n: u64) -> ReadBatch {
+        ReadBatch {
+            read: n,
+            ..ReadBatch::default()
+        }
+    }
+
+    #[test]
+    fn each_partition_has_one_lane_and_only_lanes_with_records_read_get_a_batch() {
+        let lanes = Lanes::new(2);
+        assert_eq!((lanes.of(0), lanes.of(1), lanes.of(2), lanes.of(3)), (0, 1, 0, 1));
+        assert_eq!(Lanes::new(0).len(), 1, "at least one lane");
+        lanes.push(vec![read(0), read(3)], 10);
+        assert!(matches!(lanes.lane(0).take_within(Duration::ZERO), Next::Idle));
+        let soon = Instant::now() + Duration::from_millis(10);
+        assert!(!lanes.wait_idle(soon), "lane 1 has a batch waiting");
+        match lanes.lane(1).take_within(Duration::ZERO) {
+            Next::Batch(b) => assert_eq!(b.read, 3),
+            _ => panic!("lane 1's batch"),
+        }
+        assert!(!lanes.wait_idle(Instant::now()), "lane 1 is applying it");
+        assert!(matches!(lanes.lane(1).take_within(Duration::ZERO), Next::Idle));
+        assert!(lanes.wait_idle(Instant::now()), "both lanes idle");
+        lanes.close();
+        assert!(matches!(lanes.lane(0).take_within(Duration::ZERO), Next::Closed));
+        assert!(matches!(lanes.lane(1).take_within(Duration::ZERO), Next::Closed));
     }
 }

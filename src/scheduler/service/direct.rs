@@ -215,11 +215,14 @@ pub(super) fn frontier_after_fires(
 /// [`HOLD_AT_MOST`], as the apply thread persists scheduled jobs (changelog,
 /// then store); they then fire as stored jobs, and stop holding their
 /// partitions' commits. Runs on the apply thread, between batches, so no
-/// batch changes them meanwhile; their partitions fire nothing until done.
-pub(super) fn hand_over_old(shared: &Shared) -> Result<usize, SchedulerError> {
+/// batch changes them meanwhile (only `lane`'s partitions); their
+/// partitions fire nothing until done.
+pub(super) fn hand_over_old(shared: &Shared, lane: usize) -> Result<usize, SchedulerError> {
     let now_ms = shared.clock.now().timestamp_millis();
     let before = now_ms.saturating_sub(HOLD_AT_MOST.as_millis() as i64);
-    let jobs = shared.wheel().persist_direct_older(before);
+    let jobs = shared
+        .wheel()
+        .persist_direct_older(before, |p| shared.applying.of(p) == lane);
     if jobs.is_empty() {
         return Ok(0);
     }

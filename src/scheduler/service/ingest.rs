@@ -9,7 +9,7 @@
 //! held in the window until the batch is applied). The batch's partitions
 //! then count as read this far (see
 //! [`CaughtUp`](crate::scheduler::caught_up::CaughtUp)), and it goes through
-//! [`Applying`](super::applying::Applying) to the apply thread
+//! [`Lanes`](super::applying::Lanes) to the apply thread of its partitions
 //! ([`apply`](super::apply)), which persists it and only then lets its
 //! offsets be committed (this thread hands them to the consumer).
 
@@ -31,6 +31,7 @@ use super::direct::DirectOffsets;
 use crate::hash::HashMap;
 use crate::job::JobId;
 use crate::scheduler::stored::StoredJob;
+use crate::scheduler::timer_wheel::TimerWheel;
 use crate::wire::{Command, Context, DeadLetter, OwnedRecord, RecordView};
 use crate::{kafka, wire};
 
@@ -72,10 +73,14 @@ fn failed_for_good(consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
 }
 
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
-    let apply_shared = shared.clone();
-    let applier = std::thread::Builder::new()
-        .name("kairos-apply".into())
-        .spawn(move || apply_loop(&apply_shared))
+    let appliers = (0..shared.applying.len())
+        .map(|lane| {
+            let apply_shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("kairos-apply-{lane}"))
+                .spawn(move || apply_loop(&apply_shared, lane))
+        })
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
     let mut fences = Fences::default();
     let ended = loop {
@@ -120,9 +125,11 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
     };
     // The batches read are applied before the last commit.
     shared.applying.close();
-    applier
-        .join()
-        .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
+    for applier in appliers {
+        applier
+            .join()
+            .map_err(|_| SchedulerError::Fatal("apply thread panicked".into()))?;
+    }
     let Some(consumer) = ended? else {
         return Ok(());
     };
@@ -203,7 +210,7 @@ fn fatal(reason: &str) -> SchedulerError {
     ))
 }
 
-/// Read batches and hand them to the apply thread until the scheduler stops
+/// Read batches and hand them to the apply threads until the scheduler stops
 /// or the consumer fails for good.
 fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
     let cfg = &shared.cfg;
@@ -238,9 +245,9 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
             if shared.stop.is_cancelled() {
                 break; // do not half-process a batch on the way out
             }
-            let batch = read_batch(shared, &msgs, bytes);
+            let batches = read_batch(shared, &msgs);
             msgs.clear();
-            shared.applying.push(batch, most);
+            shared.applying.push(batches, most);
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(consumer);
@@ -257,7 +264,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
 }
 
 /// Most bytes of records (keys and payloads) in one read batch, whatever
-/// `ingest_batch` allows; twice that may wait for the apply thread.
+/// `ingest_batch` allows; twice that may wait for each apply thread.
 pub(super) const BATCH_BYTES: usize = 16 << 20;
 
 fn record_bytes(m: &BorrowedMessage<'_>) -> usize {
@@ -377,21 +384,25 @@ pub(super) fn id_of(c: &Command) -> JobId {
 /// after a crash, their offsets not committed: their jobs may have fired),
 /// and claim the jobs it names. From then on no job the batch changes can
 /// fire unchanged, so the partitions count as read this far and jobs due up
-/// to here may fire, without waiting for the batch to be persisted.
-/// `bytes`: the records' keys and payloads, as the read loop counted them.
-pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>], bytes: usize) -> ReadBatch {
+/// to here may fire, without waiting for the batch to be persisted. Returns
+/// one batch per apply lane (see [`Lanes`](super::applying::Lanes)).
+pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<ReadBatch> {
     let cfg = &shared.cfg;
-    let mut b = ReadBatch {
-        records: Vec::with_capacity(msgs.len()),
-        read: msgs.len() as u64,
-        bytes,
-        ..ReadBatch::default()
-    };
+    let lanes = &shared.applying;
+    let mut out: Vec<ReadBatch> = (0..lanes.len())
+        .map(|_| ReadBatch {
+            records: Vec::with_capacity(msgs.len() / lanes.len() + 1),
+            ..ReadBatch::default()
+        })
+        .collect();
     let mut created: HashMap<i32, i64> = HashMap::default();
     // Copied, so that decoding does not hold the lock the dispatcher reads.
     let handled_below = shared.caught_up().handled_below();
     for m in msgs {
         let (p, offset) = (m.partition(), m.offset());
+        let b = &mut out[lanes.of(p)];
+        b.read += 1;
+        b.bytes += record_bytes(m);
         let last = b.last.entry(p).or_insert(offset);
         *last = (*last).max(offset);
         if let Some(t) = m.timestamp().to_millis() {
@@ -423,6 +434,8 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>], bytes: u
                     origin_partition: p,
                     origin_offset: offset,
                 };
+                // On the partition's lane: written before its offset may be
+                // committed.
                 b.dead.push(wire::dead_letter_record(
                     &view,
                     &d,
@@ -434,33 +447,42 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>], bytes: u
     }
     {
         let mut w = shared.wheel();
-        for r in &b.records {
-            let id = id_of(&r.command);
-            if matches!(r.command, Command::Schedule(_)) {
-                w.put_again(r.partition, id);
-            }
-            if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
-                let firing = w.is_firing(r.partition, &id);
-                if !firing {
-                    w.changing(r.partition, id);
-                }
-                v.insert(Claimed {
-                    firing,
-                    marks: u32::from(!firing),
-                });
-            }
+        for b in &mut out {
+            claim(&mut w, b);
         }
     }
     let moved = {
         let mut gate = shared.caught_up();
-        b.last.iter().fold(false, |moved, (p, last)| {
+        out.iter().flat_map(|b| &b.last).fold(false, |moved, (p, last)| {
             gate.ingested(*p, last + 1, created.get(p).copied()) || moved
         })
     };
     if moved {
         shared.wake.notify_one();
     }
-    b
+    out
+}
+
+/// Claim in the window the jobs `b` names: one being fired is marked so
+/// (a cancel or reschedule of it comes too late); any other is held
+/// unfired until the batch is applied.
+fn claim(w: &mut TimerWheel, b: &mut ReadBatch) {
+    for r in &b.records {
+        let id = id_of(&r.command);
+        if matches!(r.command, Command::Schedule(_)) {
+            w.put_again(r.partition, id);
+        }
+        if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
+            let firing = w.is_firing(r.partition, &id);
+            if !firing {
+                w.changing(r.partition, id);
+            }
+            v.insert(Claimed {
+                firing,
+                marks: u32::from(!firing),
+            });
+        }
+    }
 }
 
 #[cfg(test)]

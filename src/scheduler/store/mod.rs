@@ -183,7 +183,7 @@ pub struct Store {
     tree: sled::Tree,
     /// The bytes of the `N`, `B` and `J` chunks.
     log: ValueLog,
-    /// Serialise read-modify-write batches per partition (the apply thread,
+    /// Serialise read-modify-write batches per partition (the apply threads,
     /// the finisher, the cascade, compaction and changelog catch-up all
     /// write): partition `p` takes lock `p % WRITE_LOCKS`.
     write: [Mutex<()>; WRITE_LOCKS],

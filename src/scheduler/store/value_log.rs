@@ -123,6 +123,9 @@ pub struct ValueLog {
     /// Taken for reading by [`Pin`]s, for writing to delete segments.
     pins: RwLock<()>,
     state: Mutex<State>,
+    /// Held through a sync: a sync that finds nothing unsynced because
+    /// another is still fsyncing the segments must wait for it to end.
+    syncing: Mutex<()>,
 }
 
 struct State {
@@ -182,6 +185,7 @@ impl ValueLog {
             dir: dir.to_path_buf(),
             files: RwLock::new(files),
             pins: RwLock::new(()),
+            syncing: Mutex::new(()),
             state: Mutex::new(State {
                 segment_bytes: SEGMENT_BYTES,
                 head: max_id,
@@ -266,6 +270,7 @@ impl ValueLog {
     /// Fsync every segment written since the last sync. Returns the dead
     /// segments to delete once sled's flush that follows has succeeded.
     pub fn sync(&self) -> Result<Vec<u32>, LogError> {
+        let _one_at_a_time = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let (ids, dead) = {
             let mut st = self.lock();
             let ids: Vec<u32> = st.unsynced.drain().collect();

@@ -316,14 +316,18 @@ fn direct_jobs_held_too_long_are_handed_over_and_hold_their_partition_meanwhile(
     let taken = w.take_due(10, 10, &until).jobs;
     assert_eq!(taken.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![other]);
     assert_eq!(w.take_direct(&taken).len(), 1);
-    let older = w.persist_direct_older(500);
+    assert!(
+        w.persist_direct_older(500, |p| p == 1).is_empty(),
+        "only the partitions chosen"
+    );
+    let older = w.persist_direct_older(500, |p| p == 0);
     assert_eq!(older.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![key(1, 1)]);
     // Meanwhile none of partition 0's jobs is taken: the one entered at
     // 900 ms would otherwise fire before the one being persisted.
     assert!(take(&mut w, 10, 10).is_empty(), "partition 0 is held");
     w.persisted(&older);
     assert_eq!(w.direct_len(), 1, "only the job entered at 900 ms is direct");
-    assert!(w.persist_direct_older(500).is_empty());
+    assert!(w.persist_direct_older(500, |_| true).is_empty());
     let due = take(&mut w, 10, 10);
     assert_eq!(due.iter().map(|(k, _)| k.seq).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!(
