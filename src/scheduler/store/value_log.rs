@@ -124,8 +124,11 @@ pub struct ValueLog {
     pins: RwLock<()>,
     state: Mutex<State>,
     /// Held through a sync: a sync that finds nothing unsynced because
-    /// another is still fsyncing the segments must wait for it to end.
-    syncing: Mutex<()>,
+    /// another is still fsyncing the segments must wait for it to end. Keeps
+    /// the first failed fsync (segment, reason): Linux may mark the pages
+    /// that failed clean, so no later fsync proves them written, and every
+    /// sync after it fails too.
+    syncing: Mutex<Option<(PathBuf, String)>>,
 }
 
 struct State {
@@ -185,7 +188,7 @@ impl ValueLog {
             dir: dir.to_path_buf(),
             files: RwLock::new(files),
             pins: RwLock::new(()),
-            syncing: Mutex::new(()),
+            syncing: Mutex::new(None),
             state: Mutex::new(State {
                 segment_bytes: SEGMENT_BYTES,
                 head: max_id,
@@ -270,7 +273,13 @@ impl ValueLog {
     /// Fsync every segment written since the last sync. Returns the dead
     /// segments to delete once sled's flush that follows has succeeded.
     pub fn sync(&self) -> Result<Vec<u32>, LogError> {
-        let _one_at_a_time = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((path, why)) = &*failed {
+            return Err(LogError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(format!("an earlier fsync failed: {why}")),
+            });
+        }
         let (ids, dead) = {
             let mut st = self.lock();
             let ids: Vec<u32> = st.unsynced.drain().collect();
@@ -278,7 +287,11 @@ impl ValueLog {
         };
         for id in ids {
             if let Ok(f) = self.file(id) {
-                f.sync_data().map_err(io_err(&self.path(id)))?;
+                if let Err(e) = f.sync_data() {
+                    let path = self.path(id);
+                    *failed = Some((path.clone(), e.to_string()));
+                    return Err(LogError::Io { path, source: e });
+                }
             }
         }
         Ok(dead)
