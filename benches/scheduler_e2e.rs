@@ -751,24 +751,20 @@ fn throughput_durable(
     // Diagnostic: the jobs written before the scheduler starts, so that
     // ingest has the machine to itself (no stats timing "with no job
     // pending" then: 0).
-    let first = std::env::var_os("KAIROS_BENCH_DURABLE_FIRST").is_some();
-    let run_at = now_ms() + lead.as_millis() as i64;
-    let (cfg, running) = if first {
+    let written_first = std::env::var_os("KAIROS_BENCH_DURABLE_FIRST").is_some();
+    let lead_ms = lead.as_millis() as i64;
+    let (cfg, running, stats_empty_ms, run_at) = if written_first {
         let cfg = scheduler_config(rt, broker);
+        let run_at = now_ms() + lead_ms;
         write_due_at(Writer::new(&cfg, &cfg.topics.schedule), bodies, run_at, "durable");
         let running = spawn_scheduler(rt, &cfg, Rule::On);
-        (cfg, running)
+        (cfg, running, 0.0, run_at)
     } else {
-        start_scheduler(rt, broker, Rule::On)
+        let (cfg, running) = start_scheduler(rt, broker, Rule::On);
+        let (stats_empty_ms, _) = kairos_stats(&cfg, running.admin.expect("admin endpoint"));
+        (cfg, running, stats_empty_ms, now_ms() + lead_ms)
     };
     let admin = running.admin.expect("admin endpoint");
-    let stats_empty_ms = if first { 0.0 } else { kairos_stats(&cfg, admin).0 };
-    let run_at = if first {
-        run_at
-    } else {
-        now_ms() + lead.as_millis() as i64
-    };
-    let w = Writer::new(&cfg, &cfg.topics.schedule);
     let handle = running.handle.clone();
     let watch_cfg = cfg.clone();
     let watcher = std::thread::spawn(move || {
@@ -795,8 +791,8 @@ fn throughput_durable(
             std::thread::sleep(Duration::from_millis(1));
         }
     });
-    if !first {
-        write_due_at(w, bodies, run_at, "durable");
+    if !written_first {
+        write_due_at(Writer::new(&cfg, &cfg.topics.schedule), bodies, run_at, "durable");
     }
     let (first, ingested, fired, (stats_full_ms, stats_pending)) = watcher.join().expect("watcher");
     let seen = reader_from(

@@ -190,9 +190,9 @@ impl TimerWheel {
     }
 
     /// The direct jobs of the `partitions` chosen in the window since before
-    /// `before_ms` (not taken for firing), copied; their partitions are held (no job of theirs is
-    /// taken) until [`TimerWheel::persisted`]: they are about to be
-    /// persisted, so they stop holding their partition's commit.
+    /// `before_ms` (not taken for firing), copied; their partitions are held
+    /// (no job of theirs is taken) until [`TimerWheel::persisted`]: they are
+    /// about to be persisted, so they stop holding their partition's commit.
     pub fn persist_direct_older(
         &mut self,
         before_ms: i64,

@@ -1,6 +1,7 @@
-//! The apply threads (one per lane of partitions): each resolves each change of a batch read against the
-//! batch, the window's direct jobs and the store; persists; puts the jobs
-//! into the window; then lets the batch's offsets be committed.
+//! The apply threads, one per lane of partitions: each resolves every
+//! change of a batch read against the batch, the window's direct jobs and
+//! the store; persists; puts the jobs into the window; then lets the
+//! batch's offsets be committed.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

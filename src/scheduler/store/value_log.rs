@@ -290,7 +290,7 @@ impl ValueLog {
                 if let Err(e) = f.sync_data() {
                     let path = self.path(id);
                     *failed = Some((path.clone(), e.to_string()));
-                    return Err(LogError::Io { path, source: e });
+                    return Err(io_err(&path)(e));
                 }
             }
         }
