@@ -100,6 +100,11 @@ struct Pace {
 }
 
 impl Pace {
+    /// Jobs finished in all at the last read.
+    fn last(&self) -> Option<i64> {
+        self.reads.back().map(|&(_, done)| done)
+    }
+
     /// A read at `at` found `done` jobs finished in all; returns the pace.
     fn read(&mut self, at: Instant, done: i64) -> u64 {
         self.reads.push_back((at, done));
@@ -222,7 +227,16 @@ impl Topic {
     }
 
     /// After a read that found `lag`: move the grant ([`Grant::next`]).
-    fn regrant(&self, floor: u64, time: Duration, lag: i64) {
+    /// `heard`: the read saw a commit the one before it had not. Reads come
+    /// every `poll_interval` and commits every 100 ms, so most reads between
+    /// two commits find the workers where the last commit left them: with
+    /// work outstanding, such a read tells nothing about how much of it is
+    /// done, and the grant stays (shrinking there had undone most of each
+    /// doubling before the next commit could confirm it).
+    fn regrant(&self, floor: u64, time: Duration, lag: i64, heard: bool) {
+        if !heard && lag > 0 {
+            return;
+        }
         let capped = self.capped.swap(false, Ordering::Relaxed);
         let next = self
             .rule(floor, time)
@@ -268,9 +282,11 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
             match read_lag(&consumer, name, &mut partitions, timeout) {
                 Ok((lag, ends)) => {
                     *t.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((lag, released_then));
-                    let pace = paces.entry(name).or_default().read(Instant::now(), ends - lag);
-                    t.pace.store(pace, Ordering::Relaxed);
-                    t.regrant(cfg.fair.backlog_target, cfg.fair.backlog_time, lag);
+                    let pace = paces.entry(name).or_default();
+                    let heard = pace.last() != Some(ends - lag);
+                    t.pace
+                        .store(pace.read(Instant::now(), ends - lag), Ordering::Relaxed);
+                    t.regrant(cfg.fair.backlog_target, cfg.fair.backlog_time, lag, heard);
                 }
                 Err(e) => {
                     failed = true;
@@ -373,14 +389,14 @@ mod tests {
         let b = Backlog::new(&["t".to_string()]);
         let t = &b.topics["t"];
         let half = Duration::from_millis(500);
-        t.regrant(1_000, half, 0);
+        t.regrant(1_000, half, 0, true);
         assert_eq!(
             b.targets(1_000, half),
             vec![("t".to_string(), 1_000)],
             "not used up"
         );
         b.capped("t");
-        t.regrant(1_000, half, 100);
+        t.regrant(1_000, half, 100, true);
         assert_eq!(b.targets(1_000, half), vec![("t".to_string(), 2_000)]);
         assert_eq!(
             b.targets(1_000, Duration::ZERO),
@@ -388,11 +404,23 @@ mod tests {
             "backlog_time 0: the floor"
         );
         b.capped("t");
-        t.regrant(1_000, half, 2_000);
+        t.regrant(1_000, half, 2_000, false);
+        assert_eq!(
+            b.targets(1_000, half),
+            vec![("t".to_string(), 2_000)],
+            "no commit since the last read, work outstanding: the grant stays"
+        );
+        t.regrant(1_000, half, 2_000, true);
         assert_eq!(
             b.targets(1_000, half),
             vec![("t".to_string(), 1_750)],
-            "work left: an eighth less"
+            "work left at a commit: an eighth less"
+        );
+        t.regrant(1_000, half, 0, false);
+        assert_eq!(
+            b.targets(1_000, half),
+            vec![("t".to_string(), 1_532)],
+            "nothing outstanding: shrinks without a commit too"
         );
     }
 
