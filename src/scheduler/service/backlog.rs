@@ -52,15 +52,16 @@ struct Topic {
 
 /// How the backlog aimed at moves from read to read: never below the floor
 /// nor below what the workers finish in `backlog_time` at their pace; twice
-/// as much when the last grant was used up (a round released all it
-/// allowed) and the workers had finished nearly all of it by the read (a
-/// quarter or less left); otherwise an eighth less. The pace alone climbs
-/// slowly: it measures what the workers finished, which is what was
-/// released, so from the floor it took seconds to reach fast workers' rate
-/// (each pace window lifting it by `backlog_time` over the read-and-commit
-/// round trip). Doubling reaches it in a few reads, and only while the
-/// workers keep up. At most four times the larger of the floor and the
-/// paced target: a flood is never let out in one go.
+/// as much when the last grant was used up (a round released all it allowed)
+/// and the workers had finished nearly all of it by the read (a quarter or
+/// less left); otherwise an eighth less. Only reads that saw a commit move it
+/// while jobs are outstanding ([`Topic::regrant`]). The pace alone climbs
+/// slowly: it measures what the workers finished, which is what was released,
+/// so from the floor it took seconds to reach fast workers' rate (each pace
+/// window lifting it by `backlog_time` over the read-and-commit round trip).
+/// Doubling reaches it in a few reads, and only while the workers keep up. At
+/// most four times the larger of the floor and the paced target: a flood is
+/// never let out in one go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Grant {
     floor: u64,
