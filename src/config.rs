@@ -85,7 +85,7 @@ pub struct SchedulerConfig {
     /// schedule partitions (partition `p` on thread `p % apply_threads`):
     /// one waits for its changelog acknowledgements while another works.
     /// More (up to one per partition an instance owns) ingest a flood
-    /// faster and take more memory while ingesting (BENCHMARKS.md).
+    /// faster; each costs memory while a flood is applied (BENCHMARKS.md).
     pub apply_threads: usize,
     /// How often the scheduler logs what it owns, pending counts and lag.
     #[serde(with = "humantime_serde")]
@@ -170,7 +170,7 @@ impl Default for SchedulerConfig {
             window_capacity: 100_000,
             fire_batch: 1000,
             ingest_batch: 2000,
-            apply_threads: 2,
+            apply_threads: 3,
             report_interval: Duration::from_secs(30),
             rebuild_timeout: Duration::from_secs(600),
             max_clock_skew: Duration::from_millis(100),

@@ -447,7 +447,7 @@ pub fn zadd_all(
 /// 2000), `KAIROS_BENCH_READ_AHEAD` (its consumer's `queued.min.messages`,
 /// librdkafka's default), `KAIROS_BENCH_LINGER_MS` (its producer's
 /// `linger.ms`, 5) and `KAIROS_BENCH_APPLY_THREADS` (`[scheduler]
-/// apply_threads`, 2). Apply to the scheduler's configuration alone.
+/// apply_threads`, 3). Apply to the scheduler's configuration alone.
 pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
         cfg.scheduler.ingest_batch = n;

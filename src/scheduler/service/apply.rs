@@ -103,29 +103,90 @@ pub(super) struct Named {
 /// Apply the batches read on `lane`, in order, and between them hand the
 /// lane's direct jobs held too long over to the store. After a failure (the
 /// scheduler is then stopping) the rest are only taken off.
+///
+/// The work runs on a thread of its own that ends once the lane has been
+/// quiet for [`QUIET_TAKES`] waits, and this one starts the next. The
+/// allocator (mimalloc) gives back what a thread freed only when that thread
+/// allocates again, and a lane goes quiet once a flood is in: a thread that
+/// ends hands its memory back instead of holding it for the next flood.
 pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
+    let mut state = LaneState {
+        failed: false,
+        handed_over: Instant::now(),
+    };
+    loop {
+        let spell = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name(format!("kairos-apply-{lane}"))
+                .spawn_scoped(s, || apply_spell(shared, lane, &mut state, Some(QUIET_TAKES)))
+                .map(|h| h.join())
+        });
+        match spell {
+            Ok(Ok(Spell::Closed)) => break,
+            Ok(Ok(Spell::Quiet)) => {}
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(e) => {
+                // No thread to be had: go on here, for good.
+                debug!(lane, error = %e, "cannot start an apply thread; applying on this one");
+                apply_spell(shared, lane, &mut state, None);
+                break;
+            }
+        }
+    }
+}
+
+/// Waits of [`direct::HOLD_AT_MOST`] / 4 with nothing to apply after which
+/// an apply thread ends (see [`apply_loop`]).
+const QUIET_TAKES: u32 = 2;
+
+/// What carries over from one apply thread of a lane to the next.
+struct LaneState {
+    /// A batch failed: the scheduler is stopping, the rest are taken off.
+    failed: bool,
+    /// When the lane's direct jobs were last looked at.
+    handed_over: Instant,
+}
+
+/// How an apply thread ended.
+enum Spell {
+    /// No more batches come.
+    Closed,
+    /// Nothing came for `quiet` waits in a row.
+    Quiet,
+}
+
+/// Apply `lane`'s batches until it is closed or, with `quiet`, nothing came
+/// for that many waits in a row.
+fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState, quiet: Option<u32>) -> Spell {
     let mut spare: Vec<PartitionBatch> = Vec::new();
-    let mut failed = false;
     let every = direct::HOLD_AT_MOST / 4;
-    let mut handed_over = Instant::now();
+    let mut idle = 0;
     loop {
         let next = shared.applying.lane(lane).take_within(every);
+        if matches!(next, Next::Idle) {
+            idle += 1;
+        } else {
+            idle = 0;
+        }
         let result = match next {
-            Next::Closed => break,
-            Next::Batch(_) | Next::Idle if failed => continue,
+            Next::Closed => return Spell::Closed,
+            Next::Batch(_) | Next::Idle if state.failed => Ok(()),
             Next::Batch(batch) => apply_batch(shared, batch, &mut spare),
             Next::Idle => Ok(()),
         };
         let result = result.and_then(|()| {
-            if handed_over.elapsed() >= every {
-                handed_over = Instant::now();
+            if !state.failed && state.handed_over.elapsed() >= every {
+                state.handed_over = Instant::now();
                 direct::hand_over_old(shared, lane)?;
             }
             Ok(())
         });
         if let Err(e) = result {
             shared.fail(e.to_string());
-            failed = true;
+            state.failed = true;
+        }
+        if quiet.is_some_and(|q| idle >= q) {
+            return Spell::Quiet;
         }
     }
 }
