@@ -5,7 +5,8 @@
 //!   records, decodes them, skips what was handled before, dead-letters
 //!   what is malformed, claims the jobs a batch names; hands the batch over
 //!   through [`applying`] to
-//! - [`apply`] (threads `kairos-apply-N`, each for a lane of partitions):
+//! - [`apply`] (threads `kairos-apply-N`, each for a lane of partitions,
+//!   started by the lane's `kairos-lane-N` and ended when quiet):
 //!   resolves each change against the batch, the window's direct jobs and
 //!   the store, and [`persist`]s it (changelog acknowledged, store flushed)
 //!   before the batch's offsets may be committed.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::applying::Next;
 use super::direct;
@@ -104,8 +104,9 @@ pub(super) struct Named {
 /// lane's direct jobs held too long over to the store. After a failure (the
 /// scheduler is then stopping) the rest are only taken off.
 ///
-/// The work runs on a thread of its own that ends once the lane has been
-/// quiet for [`QUIET_TAKES`] waits, and this one starts the next. The
+/// Runs on thread `kairos-lane-N`; the work runs on a thread of its own,
+/// `kairos-apply-N`, that ends once the lane has been quiet for
+/// [`QUIET_TAKES`] waits, and this one starts the next. The
 /// allocator (mimalloc) gives back what a thread freed only when that thread
 /// allocates again, and a lane goes quiet once a flood is in: a thread that
 /// ends hands its memory back instead of holding it for the next flood.
@@ -121,16 +122,28 @@ pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
                 .spawn_scoped(s, || apply_spell(shared, lane, &mut state, Some(QUIET_TAKES)))
                 .map(|h| h.join())
         });
-        match spell {
-            Ok(Ok(Spell::Closed)) => break,
-            Ok(Ok(Spell::Quiet)) => {}
-            Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(e) => {
-                // No thread to be had: go on here, for good.
-                debug!(lane, error = %e, "cannot start an apply thread; applying on this one");
-                apply_spell(shared, lane, &mut state, None);
-                break;
+        let ended = match spell {
+            Ok(Ok(ended)) => ended,
+            Ok(Err(panic)) => {
+                // The scheduler stops; the lane's next thread takes the rest
+                // off, so the read thread never waits on a full lane.
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                shared.fail(format!("apply thread of lane {lane} panicked: {what}"));
+                state.failed = true;
+                Spell::Quiet
             }
+            Err(e) => {
+                // No thread to be had now: apply here until quiet, then try again.
+                warn!(lane, error = %e, "cannot start an apply thread; applying on the lane's own");
+                apply_spell(shared, lane, &mut state, Some(QUIET_TAKES))
+            }
+        };
+        if matches!(ended, Spell::Closed) {
+            break;
         }
     }
 }

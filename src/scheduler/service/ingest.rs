@@ -77,7 +77,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         .map(|lane| {
             let apply_shared = shared.clone();
             std::thread::Builder::new()
-                .name(format!("kairos-apply-{lane}"))
+                .name(format!("kairos-lane-{lane}"))
                 .spawn(move || apply_loop(&apply_shared, lane))
         })
         .collect::<Result<Vec<_>, _>>()
