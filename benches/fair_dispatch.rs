@@ -79,7 +79,7 @@
 //! `KAIROS_BENCH_INGEST_BATCH`, `KAIROS_BENCH_READ_AHEAD`,
 //! `KAIROS_BENCH_LINGER_MS` and `KAIROS_BENCH_APPLY_THREADS` override the
 //! scheduler's ingest batch (2000), its consumer's `queued.min.messages`,
-//! its producer's `linger.ms` (5) and its apply threads (2), diagnostics
+//! its producer's `linger.ms` (5) and its apply threads (3), diagnostics
 //! of the trade between ingest speed and memory.
 //! `KAIROS_BENCH_BACKLOG_TARGET` overrides `[fair] backlog_target` (1000),
 //! `KAIROS_BENCH_POLL_MS` `[fair] poll_interval` (30 ms)

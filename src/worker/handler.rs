@@ -136,14 +136,18 @@ pub(crate) async fn run_caught(run: impl Future<Output = Outcome>) -> (Outcome, 
     match std::panic::AssertUnwindSafe(run).catch_unwind().await {
         Ok(o) => (o, None),
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = panic_message(&*panic).unwrap_or_else(|| "unknown panic".into());
             (Outcome::retry(format!("handler panicked: {msg}")), Some(msg))
         }
     }
+}
+
+/// A panic's message, when it carries one (`panic!` with a string).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> Option<String> {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
 }
 
 /// Exponential backoff with jitter: attempt `n` (from 1) waits a random

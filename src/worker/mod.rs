@@ -40,6 +40,7 @@ mod service;
 mod settle;
 mod testing;
 
+pub(crate) use handler::panic_message;
 pub use handler::{Backoff, Handler, HandlerFuture, JobContext, Outcome};
 pub use hold::Cause as HoldCause;
 pub use service::{Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerStats};

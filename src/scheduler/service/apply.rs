@@ -119,7 +119,7 @@ pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
         let spell = std::thread::scope(|s| {
             std::thread::Builder::new()
                 .name(format!("kairos-apply-{lane}"))
-                .spawn_scoped(s, || apply_spell(shared, lane, &mut state, Some(QUIET_TAKES)))
+                .spawn_scoped(s, || apply_spell(shared, lane, &mut state))
                 .map(|h| h.join())
         });
         let ended = match spell {
@@ -127,11 +127,7 @@ pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
             Ok(Err(panic)) => {
                 // The scheduler stops; the lane's next thread takes the rest
                 // off, so the read thread never waits on a full lane.
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = crate::worker::panic_message(&*panic).unwrap_or_default();
                 shared.fail(format!("apply thread of lane {lane} panicked: {what}"));
                 state.failed = true;
                 Spell::Quiet
@@ -139,7 +135,7 @@ pub(super) fn apply_loop(shared: &Arc<Shared>, lane: usize) {
             Err(e) => {
                 // No thread to be had now: apply here until quiet, then try again.
                 warn!(lane, error = %e, "cannot start an apply thread; applying on the lane's own");
-                apply_spell(shared, lane, &mut state, Some(QUIET_TAKES))
+                apply_spell(shared, lane, &mut state)
             }
         };
         if matches!(ended, Spell::Closed) {
@@ -164,13 +160,13 @@ struct LaneState {
 enum Spell {
     /// No more batches come.
     Closed,
-    /// Nothing came for `quiet` waits in a row.
+    /// Nothing came for [`QUIET_TAKES`] waits in a row.
     Quiet,
 }
 
-/// Apply `lane`'s batches until it is closed or, with `quiet`, nothing came
-/// for that many waits in a row.
-fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState, quiet: Option<u32>) -> Spell {
+/// Apply `lane`'s batches until it is closed or nothing came for
+/// [`QUIET_TAKES`] waits in a row.
+fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState) -> Spell {
     let mut spare: Vec<PartitionBatch> = Vec::new();
     let every = direct::HOLD_AT_MOST / 4;
     let mut idle = 0;
@@ -198,7 +194,7 @@ fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState, quiet: 
             shared.fail(e.to_string());
             state.failed = true;
         }
-        if quiet.is_some_and(|q| idle >= q) {
+        if idle >= QUIET_TAKES {
             return Spell::Quiet;
         }
     }
