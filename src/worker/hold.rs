@@ -24,7 +24,7 @@
 //! keyed by topic and key, partition = work partition) before the offset
 //! that caused the change is committed, and read back when a partition is
 //! assigned, before any of its jobs starts: a hold survives kill -9 and
-//! rebalances. Memory: one boxed [`Hold`] per key held now (112 bytes),
+//! rebalances. Memory: one boxed [`Hold`] per key held now (136 bytes),
 //! the key, and a 24-byte table slot (up to twice as many slots as keys),
 //! at most `[worker] max_held_keys`.
 //!
@@ -117,6 +117,29 @@ pub struct Hold {
     /// was dealt with already: see [`Holds::read_again`].
     #[serde(default = "no_offset", skip_serializing_if = "is_no_offset")]
     pub parked_to: i64,
+    /// Park numbers this hold passes over and never gives: each time it
+    /// was read back, those a previous owner of the partition may have
+    /// given without writing them down (see [`Hold::loaded`]).
+    #[serde(default, skip_serializing_if = "no_skips")]
+    pub skipped: Box<[Skip]>,
+    /// Read back, and no write has carried its latest [`Skip`] yet: the
+    /// keeper writes it before the first park that uses a number past it
+    /// (not kept).
+    #[serde(skip)]
+    pub skip_unwritten: bool,
+}
+
+/// Park numbers a hold passes over: `after` is followed by `upto + 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skip {
+    /// The last number before the skip.
+    pub after: u32,
+    /// The last number skipped.
+    pub upto: u32,
+}
+
+fn no_skips(s: &[Skip]) -> bool {
+    s.is_empty()
 }
 
 impl Hold {
@@ -131,7 +154,23 @@ impl Hold {
     /// one, read again after a crash, is a job like any other here). See
     /// [`first_number`].
     pub fn gave(&self, seq: u32) -> bool {
-        seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS || (seq > self.done_seq && seq <= self.last_seq)
+        !self.passes_over(seq)
+            && (seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS
+                || (seq > self.done_seq && seq <= self.last_seq))
+    }
+
+    /// Whether `seq` is one of the numbers this hold passes over.
+    fn passes_over(&self, seq: u32) -> bool {
+        self.skipped.iter().any(|s| seq > s.after && seq <= s.upto)
+    }
+
+    /// The park number after `seq` in this hold's order.
+    pub(crate) fn next_number(&self, seq: u32) -> u32 {
+        let mut n = seq.saturating_add(1);
+        while let Some(s) = self.skipped.iter().find(|s| n > s.after && n <= s.upto) {
+            n = s.upto.saturating_add(1);
+        }
+        n
     }
 
     /// `job`'s park number, when this hold gave it (see [`Hold::gave`]).
@@ -151,7 +190,13 @@ impl Hold {
 
     /// Parked jobs not yet run.
     pub fn parked(&self) -> u32 {
-        self.last_seq - self.done_seq.min(self.last_seq)
+        let (done, last) = (self.done_seq.min(self.last_seq), self.last_seq);
+        let passed_over: u32 = self
+            .skipped
+            .iter()
+            .map(|s| s.upto.min(last).saturating_sub(s.after.max(done)))
+            .sum();
+        last - done - passed_over.min(last - done)
     }
 
     fn done(&self) -> bool {
@@ -162,10 +207,34 @@ impl Hold {
     /// blocker that was a parked job: it was let in under its number (every
     /// job parked before it had run), and its next runs, retries without a
     /// number, hold that place.
+    ///
+    /// The numbers after the last one written are passed over
+    /// ([`LOAD_SKIP`] of them): the previous owner may have given some whose
+    /// parks Kafka has but whose hold it did not write before it stopped.
+    /// This owner reads those jobs again and parks them anew, but not
+    /// necessarily in the same order or with the same jobs between them (a
+    /// copy it takes for a job like any other, the previous owner ran as
+    /// the blocker's next run): a number given twice would let a job of the
+    /// previous owner's in under a place this owner gave another job. The
+    /// first park past the skip waits for the skip to be written
+    /// ([`Hold::skip_unwritten`]), so that a next owner passes over this
+    /// owner's numbers as well.
     fn loaded(mut self) -> Self {
         let blocker_seq = self.blocker.as_ref().and_then(|b| b.seq);
         self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
+        let mut skips = std::mem::take(&mut self.skipped).into_vec();
+        match skips.last_mut() {
+            // Nothing written since the last skip: the owner that read the
+            // hold back before may have given numbers past it.
+            Some(s) if s.after == self.last_seq => s.upto = s.upto.saturating_add(LOAD_SKIP),
+            _ => skips.push(Skip {
+                after: self.last_seq,
+                upto: self.last_seq.saturating_add(LOAD_SKIP),
+            }),
+        }
+        self.skipped = skips.into_boxed_slice();
+        self.skip_unwritten = true;
         self
     }
 
@@ -261,6 +330,12 @@ pub(crate) const BACK_OFF_MAX_MS: i64 = 30_000;
 /// piece held up by an outage). Order is kept in every other case; giving
 /// up trades it, for that key, for not being held forever (logged).
 pub(crate) const GIVE_UP_MS: i64 = 300_000;
+
+/// How many park numbers a hold read back passes over (see
+/// [`Hold::loaded`]): more than a worker gives one key between two writes
+/// of its hold (a keeper round). A hold read back 128 times stays within
+/// the numbers left above its first (at least 2^23).
+pub(crate) const LOAD_SKIP: u32 = 1 << 16;
 
 /// The low bits of a park number that count a hold's parks; the high ones
 /// tell a hold from the key's holds before it.

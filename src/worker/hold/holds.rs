@@ -222,7 +222,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             }
             None => {}
         }
-        if seq == h.admitted_seq + 1 {
+        if seq == h.next_number(h.admitted_seq) {
             h.admitted_seq = seq;
             h.gap_since_ms = NEVER;
             return Admit::Run;
@@ -326,6 +326,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     since_ms: now_ms,
                     released: None,
                     parked_to: NO_OFFSET,
+                    skipped: Box::default(),
+                    skip_unwritten: false,
                 };
                 let h = self.insert(partition, &job.key, fresh);
                 if h.released.as_deref() == Some(&job.id) {
@@ -417,7 +419,7 @@ fn park_fresh(h: &mut Hold, job: &Job) -> Admit {
 
 /// The next park sequence, due at `at_ms`.
 fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
-    h.last_seq = h.last_seq.saturating_add(1);
+    h.last_seq = h.next_number(h.last_seq);
     h.tail_at_ms = h.tail_at_ms.max(at_ms);
     Admit::Park {
         seq: h.last_seq,
@@ -433,8 +435,8 @@ fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
 /// meanwhile).
 fn blockers_next_run(h: &mut Hold, parked: Option<u32>, again_ms: i64) -> Admit {
     match parked {
-        Some(seq) if seq > h.admitted_seq.saturating_add(1) => return out_again(h, seq, again_ms),
-        Some(seq) if seq == h.admitted_seq.saturating_add(1) => h.admitted_seq = seq,
+        Some(seq) if seq > h.next_number(h.admitted_seq) => return out_again(h, seq, again_ms),
+        Some(seq) if seq == h.next_number(h.admitted_seq) => h.admitted_seq = seq,
         _ => {}
     }
     if let Some(b) = &mut h.blocker {

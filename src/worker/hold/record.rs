@@ -71,6 +71,8 @@ mod tests {
             since_ms: 1,
             released: None,
             parked_to: 41,
+            skipped: Box::default(),
+            skip_unwritten: false,
         };
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
@@ -91,6 +93,8 @@ mod tests {
         assert_eq!(back.parked_to, NO_OFFSET);
         let none = Hold {
             parked_to: NO_OFFSET,
+            skipped: Box::default(),
+            skip_unwritten: false,
             ..back
         };
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(none));

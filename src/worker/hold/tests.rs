@@ -342,6 +342,8 @@ fn holds_are_per_partition_and_dropped_with_it() {
         since_ms: 0,
         released: None,
         parked_to: NO_OFFSET,
+        skipped: Box::default(),
+        skip_unwritten: false,
     };
     holds.load(1, b"k", Some(h.clone()));
     holds.load(2, b"k", Some(h));
@@ -354,3 +356,4 @@ fn holds_are_per_partition_and_dropped_with_it() {
 }
 
 mod faults;
+mod read_back;

@@ -20,7 +20,7 @@ use crate::hash::HashSet;
 use crate::job::Job;
 use crate::kafka;
 use crate::wire::{self, OwnedRecord};
-use crate::worker::hold::{record, Change};
+use crate::worker::hold::{record, Change, Skip};
 use crate::worker::service::offsets::finish_in;
 
 /// A job parked behind its held key (its park sequence and run-at are
@@ -144,6 +144,15 @@ async fn write_round(shared: &Shared, round: &[Request]) -> bool {
             return false;
         }
         if !parks_written {
+            // A hold read back gives no number past its skip before the
+            // skip is written (see `Hold::loaded`).
+            let (loaded, skips) = unwritten_skips(shared, &keys);
+            if let Err(e) = send(shared, &loaded).await {
+                warn!(error = %e, records = loaded.len(), "writing held keys read back failed; retrying");
+                tokio::time::sleep(delay.next_delay()).await;
+                continue;
+            }
+            skips_written(shared, &skips);
             match send(shared, &parks).await {
                 Ok(()) => {
                     mark_sent(shared, round);
@@ -250,10 +259,47 @@ fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
                 Some(h) => Change::Put(h.to_write()),
                 None => Change::Let,
             };
-            let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, &change);
-            (rec, Some(tp.1))
+            hold_record(shared, *tp, key, &change)
         })
         .collect()
+}
+
+/// A key's hold's latest skip, as written.
+type SkipOf = (Tp, Vec<u8>, Option<Skip>);
+
+/// The holds of `keys` read back whose skip no write has carried yet (see
+/// `Hold::loaded`), and that skip for each.
+fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec<SkipOf>) {
+    let st = shared.state();
+    keys.iter()
+        .filter(|(tp, _)| st.owned.contains_key(tp))
+        .filter_map(|(tp, key)| {
+            let h = st.holds.get(*tp, key).filter(|h| h.skip_unwritten)?;
+            let rec = hold_record(shared, *tp, key, &Change::Put(h.to_write()));
+            Some((rec, (*tp, key.clone(), h.skipped.last().copied())))
+        })
+        .unzip()
+}
+
+/// Those holds' skips are written: unless read back again meanwhile, they
+/// may give numbers past them.
+fn skips_written(shared: &Shared, written: &[SkipOf]) {
+    let mut st = shared.state();
+    for (tp, key, skip) in written {
+        if let Some(h) = st
+            .holds
+            .get_mut(*tp, key)
+            .filter(|h| h.skipped.last() == skip.as_ref())
+        {
+            h.skip_unwritten = false;
+        }
+    }
+}
+
+/// `key`'s hold record (held-topic partition = work partition).
+fn hold_record(shared: &Shared, tp: Tp, key: &[u8], change: &Change) -> Pinned {
+    let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, change);
+    (rec, Some(tp.1))
 }
 
 /// Finish a round: parked and handed-over jobs' offsets (when written),
