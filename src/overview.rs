@@ -5,7 +5,7 @@
 //! topic's size. Jobs waiting in the scheduler's store are not in these
 //! figures (the records cannot say which are still waiting): the
 //! scheduler's `/metrics` and `/status` give them ([`crate::admin`]), and
-//! [`schedulers`] asks them.
+//! [`schedulers()`] asks them.
 
 mod schedulers;
 mod text;

@@ -329,7 +329,7 @@ pub(super) type FireWrites = Vec<
 
 /// Hand a batch of due jobs to librdkafka, in order. Jobs for work topics
 /// that do not exist are not written (librdkafka would only time out on
-/// them): their write fails at once and [`finish_fire`] dead-letters them.
+/// them): their write fails at once and [`finish_fire`](super::finish::finish_fire) dead-letters them.
 pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
     // Whether each work topic is missing, asked once per batch. Jobs in a row
     // mostly share a topic: the answer for the last one is kept at hand.

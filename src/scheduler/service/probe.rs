@@ -14,7 +14,7 @@ use super::Shared;
 use crate::kafka;
 
 /// Look up the end offsets of the schedule partitions whose due jobs wait
-/// (see [`CaughtUp`]), one request for all of them, whenever the dispatcher
+/// (see [`CaughtUp`](crate::scheduler::caught_up::CaughtUp)), one request for all of them, whenever the dispatcher
 /// asks. Runs on its own thread: the look-up blocks.
 pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
     let mut cfg = shared.reader_config.clone();
