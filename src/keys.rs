@@ -107,7 +107,7 @@ pub fn blocked(cfg: &Config, topic: Option<&str>) -> Result<Vec<HeldKey>, KeysEr
                 due_ms: b.map(|b| b.due_ms),
                 parked: hold.parked(),
                 age_ms: now - hold.since_ms,
-                released: hold.released.map(|id| id.to_string()),
+                released: hold.released().map(|id| id.to_string()),
             })
         })
         .collect();

@@ -24,7 +24,7 @@
 //! keyed by topic and key, partition = work partition) before the offset
 //! that caused the change is committed, and read back when a partition is
 //! assigned, before any of its jobs starts: a hold survives kill -9 and
-//! rebalances. Memory: one boxed [`Hold`] per key held now (136 bytes),
+//! rebalances. Memory: one boxed [`Hold`] per key held now (112 bytes),
 //! the key, and a 24-byte table slot (up to twice as many slots as keys),
 //! at most `[worker] max_held_keys`.
 //!
@@ -68,8 +68,10 @@ pub struct Blocker {
     pub arrived: bool,
 }
 
-/// One held key (the held topic's record value).
+/// One held key (the held topic's record value: the fields said to be
+/// kept; see [`record`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "record::Kept", into = "record::Kept")]
 pub struct Hold {
     /// The job holding the key; `None` once it succeeded, was
     /// dead-lettered or released, while parked jobs are still out.
@@ -80,52 +82,51 @@ pub struct Hold {
     pub done_seq: u32,
     /// Parked jobs let into the lock table, in order, up to this sequence
     /// (at least `done_seq`; not kept: after a restart, `done_seq`).
-    #[serde(skip)]
     pub admitted_seq: u32,
     /// Jobs read while the last parked ones are coming back, waiting in
     /// memory to run after them (not kept: they are read again).
-    #[serde(skip)]
     pub waiting: u32,
     /// Times this key gave up waiting for a missing piece (see
     /// [`Holds::give_up_after`]; not kept).
-    #[serde(skip)]
     pub gave_up: u32,
     /// Since when jobs have been waiting in memory ([`NEVER`]: none; not
     /// kept).
-    #[serde(skip, default = "never")]
     pub wait_since_ms: i64,
     /// Since when a parked job came back before a job parked ahead of it
     /// (which has not come back since), ms (not kept).
-    #[serde(skip, default = "never")]
     pub gap_since_ms: i64,
     /// The last park sequence Kafka acknowledged: what the held topic may
     /// say was given (a park not written when the worker dies is read
-    /// again and parked anew, so its number must not count).
-    #[serde(skip)]
+    /// again and parked anew, so its number must not count; not kept).
     pub sent_seq: u32,
     /// The latest run-at given to a parked job, ms: later ones go no earlier.
     pub tail_at_ms: i64,
     /// When the key was held, ms since the epoch.
     pub since_ms: i64,
-    /// A blocker an operator released: its next run is dead-lettered when
-    /// it comes back (it no longer holds the key meanwhile).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub released: Option<Box<JobId>>,
+    /// What few holds have (a release, skipped numbers), boxed apart so
+    /// that it costs the others one pointer: see [`Hold::released`] and
+    /// [`Hold::skipped`].
+    pub rare: Option<Box<Rare>>,
     /// The work-topic offset of the latest parked job Kafka acknowledged
     /// ([`NO_OFFSET`]: none). A job of the key read again at or below it
     /// (the partition's offsets were not committed when its owner stopped)
     /// was dealt with already: see [`Holds::read_again`].
-    #[serde(default = "no_offset", skip_serializing_if = "is_no_offset")]
     pub parked_to: i64,
-    /// Park numbers this hold passes over and never gives: each time it
-    /// was read back, those a previous owner of the partition may have
-    /// given without writing them down (see [`Hold::loaded`]).
-    #[serde(default, skip_serializing_if = "no_skips")]
-    pub skipped: Box<[Skip]>,
+}
+
+/// The parts of a [`Hold`] few holds have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rare {
+    /// A blocker an operator released: its next run is dead-lettered when
+    /// it comes back (it no longer holds the key meanwhile).
+    pub released: Option<JobId>,
+    /// Park numbers the hold passes over and never gives: each time it was
+    /// read back, those a previous owner of the partition may have given
+    /// without writing them down (see [`Hold::loaded`]).
+    pub skipped: Vec<Skip>,
     /// Read back, and no write has carried its latest [`Skip`] yet: the
     /// keeper writes it before the first park that uses a number past it
     /// (not kept).
-    #[serde(skip)]
     pub skip_unwritten: bool,
 }
 
@@ -136,10 +137,6 @@ pub struct Skip {
     pub after: u32,
     /// The last number skipped.
     pub upto: u32,
-}
-
-fn no_skips(s: &[Skip]) -> bool {
-    s.is_empty()
 }
 
 impl Hold {
@@ -161,16 +158,50 @@ impl Hold {
 
     /// Whether `seq` is one of the numbers this hold passes over.
     fn passes_over(&self, seq: u32) -> bool {
-        self.skipped.iter().any(|s| seq > s.after && seq <= s.upto)
+        self.skipped().iter().any(|s| seq > s.after && seq <= s.upto)
     }
 
     /// The park number after `seq` in this hold's order.
     pub(crate) fn next_number(&self, seq: u32) -> u32 {
         let mut n = seq.saturating_add(1);
-        while let Some(s) = self.skipped.iter().find(|s| n > s.after && n <= s.upto) {
+        while let Some(s) = self.skipped().iter().find(|s| n > s.after && n <= s.upto) {
             n = s.upto.saturating_add(1);
         }
         n
+    }
+
+    /// The blocker an operator released, if any: its next run is
+    /// dead-lettered when it comes back.
+    pub fn released(&self) -> Option<&JobId> {
+        self.rare.as_ref()?.released.as_ref()
+    }
+
+    pub(crate) fn set_released(&mut self, id: Option<JobId>) {
+        self.rare_mut().released = id;
+        if self.rare.as_deref() == Some(&Rare::default()) {
+            self.rare = None;
+        }
+    }
+
+    /// The park numbers this hold passes over (see [`Hold::loaded`]).
+    pub fn skipped(&self) -> &[Skip] {
+        self.rare.as_ref().map_or(&[], |r| &r.skipped)
+    }
+
+    /// Read back, and its latest skip not written yet.
+    pub fn skip_unwritten(&self) -> bool {
+        self.rare.as_ref().is_some_and(|r| r.skip_unwritten)
+    }
+
+    /// Its latest skip is written.
+    pub(crate) fn skip_written(&mut self) {
+        if let Some(r) = &mut self.rare {
+            r.skip_unwritten = false;
+        }
+    }
+
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
     }
 
     /// `job`'s park number, when this hold gave it (see [`Hold::gave`]).
@@ -192,7 +223,7 @@ impl Hold {
     pub fn parked(&self) -> u32 {
         let (done, last) = (self.done_seq.min(self.last_seq), self.last_seq);
         let passed_over: u32 = self
-            .skipped
+            .skipped()
             .iter()
             .map(|s| s.upto.min(last).saturating_sub(s.after.max(done)))
             .sum();
@@ -200,7 +231,7 @@ impl Hold {
     }
 
     fn done(&self) -> bool {
-        !self.holds() && self.released.is_none()
+        !self.holds() && self.released().is_none()
     }
 
     /// After a restart: nothing admitted beyond what is done, but for a
@@ -223,18 +254,18 @@ impl Hold {
         let blocker_seq = self.blocker.as_ref().and_then(|b| b.seq);
         self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
-        let mut skips = std::mem::take(&mut self.skipped).into_vec();
-        match skips.last_mut() {
+        let last = self.last_seq;
+        let rare = self.rare_mut();
+        match rare.skipped.last_mut() {
             // Nothing written since the last skip: the owner that read the
             // hold back before may have given numbers past it.
-            Some(s) if s.after == self.last_seq => s.upto = s.upto.saturating_add(LOAD_SKIP),
-            _ => skips.push(Skip {
-                after: self.last_seq,
-                upto: self.last_seq.saturating_add(LOAD_SKIP),
+            Some(s) if s.after == last => s.upto = s.upto.saturating_add(LOAD_SKIP),
+            _ => rare.skipped.push(Skip {
+                after: last,
+                upto: last.saturating_add(LOAD_SKIP),
             }),
         }
-        self.skipped = skips.into_boxed_slice();
-        self.skip_unwritten = true;
+        rare.skip_unwritten = true;
         self
     }
 
@@ -299,20 +330,8 @@ pub(crate) const MAX_WAIT_MS: i64 = 5_000;
 /// No time: a `..._since_ms` field not set.
 pub const NEVER: i64 = i64::MIN;
 
-fn never() -> i64 {
-    NEVER
-}
-
 /// No offset: [`Hold::parked_to`] before any park was written.
 pub const NO_OFFSET: i64 = -1;
-
-fn no_offset() -> i64 {
-    NO_OFFSET
-}
-
-fn is_no_offset(offset: &i64) -> bool {
-    *offset == NO_OFFSET
-}
 
 /// A parked job back before its turn (the blocker's next run not back yet,
 /// or a job parked before it still out) goes out again due this much later

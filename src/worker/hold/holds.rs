@@ -157,7 +157,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         // A released blocker's next run must reach the dead-letter topic,
         // and its earlier runs cannot be told from it by the hold: while a
         // release is pending the key's jobs are read as they come.
-        if offset > h.parked_to || h.released.is_some() {
+        if offset > h.parked_to || h.released().is_some() {
             return false;
         }
         match &h.blocker {
@@ -175,7 +175,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
         let Some(h) = self.get_mut(partition, &job.key) else {
             return Admit::Run;
         };
-        if h.released.as_deref() == Some(&job.id) {
+        if h.released() == Some(&job.id) {
             return Admit::Released;
         }
         let own = h.park_of(job);
@@ -324,13 +324,11 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     gave_up: 0,
                     tail_at_ms: i64::MIN,
                     since_ms: now_ms,
-                    released: None,
+                    rare: None,
                     parked_to: NO_OFFSET,
-                    skipped: Box::default(),
-                    skip_unwritten: false,
                 };
                 let h = self.insert(partition, &job.key, fresh);
-                if h.released.as_deref() == Some(&job.id) {
+                if h.released() == Some(&job.id) {
                     // Released while it ran: its next run is dead-lettered.
                     return HoldUpdate::Unchanged;
                 }
@@ -364,8 +362,8 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     return HoldUpdate::Unchanged;
                 };
                 let mut changed = false;
-                if h.released.as_deref() == Some(&job.id) {
-                    h.released = None;
+                if h.released() == Some(&job.id) {
+                    h.set_released(None);
                     changed = true;
                 }
                 let mut seq = h.park_of(job);
@@ -401,7 +399,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             h.done_seq = s;
             h.admitted_seq = h.admitted_seq.max(s);
         }
-        h.released = Some(Box::new(id));
+        h.set_released(Some(id));
         Some(Change::Put(h.clone()))
     }
 }

@@ -2,9 +2,12 @@
 //! key; value = the [`Hold`] as JSON (`null` value: let go); partition =
 //! the work partition the key is read from.
 
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobId;
 use crate::wire::OwnedRecord;
 
-use super::{Change, Hold};
+use super::{Blocker, Change, Hold, Skip, NEVER, NO_OFFSET};
 
 /// The held-topic record key of `key` on work topic `topic`.
 pub fn record_key(topic: &str, key: &[u8]) -> Vec<u8> {
@@ -40,6 +43,72 @@ pub fn decode(value: Option<&[u8]>) -> Result<Option<Hold>, serde_json::Error> {
     value.map(serde_json::from_slice).transpose()
 }
 
+fn no_offset() -> i64 {
+    NO_OFFSET
+}
+
+fn is_no_offset(offset: &i64) -> bool {
+    *offset == NO_OFFSET
+}
+
+/// A [`Hold`] as the held topic keeps it (the fields not kept are set
+/// as a hold read back starts).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Kept {
+    blocker: Option<Blocker>,
+    last_seq: u32,
+    done_seq: u32,
+    tail_at_ms: i64,
+    since_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    released: Option<JobId>,
+    #[serde(default = "no_offset", skip_serializing_if = "is_no_offset")]
+    parked_to: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<Skip>,
+}
+
+impl From<Kept> for Hold {
+    fn from(k: Kept) -> Hold {
+        let mut h = Hold {
+            blocker: k.blocker,
+            last_seq: k.last_seq,
+            done_seq: k.done_seq,
+            admitted_seq: 0,
+            waiting: 0,
+            gave_up: 0,
+            wait_since_ms: NEVER,
+            gap_since_ms: NEVER,
+            sent_seq: 0,
+            tail_at_ms: k.tail_at_ms,
+            since_ms: k.since_ms,
+            rare: None,
+            parked_to: k.parked_to,
+        };
+        h.set_released(k.released);
+        if !k.skipped.is_empty() {
+            h.rare_mut().skipped = k.skipped;
+        }
+        h
+    }
+}
+
+impl From<Hold> for Kept {
+    fn from(h: Hold) -> Kept {
+        let rare = h.rare.map(|r| *r).unwrap_or_default();
+        Kept {
+            blocker: h.blocker,
+            last_seq: h.last_seq,
+            done_seq: h.done_seq,
+            tail_at_ms: h.tail_at_ms,
+            since_ms: h.since_ms,
+            released: rare.released,
+            parked_to: h.parked_to,
+            skipped: rare.skipped,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,10 +138,8 @@ mod tests {
             gave_up: 0,
             tail_at_ms: 5,
             since_ms: 1,
-            released: None,
+            rare: None,
             parked_to: 41,
-            skipped: Box::default(),
-            skip_unwritten: false,
         };
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
@@ -93,8 +160,6 @@ mod tests {
         assert_eq!(back.parked_to, NO_OFFSET);
         let none = Hold {
             parked_to: NO_OFFSET,
-            skipped: Box::default(),
-            skip_unwritten: false,
             ..back
         };
         let rec = record("kairos.held", "crawl", b"k", &Change::Put(none));

@@ -340,10 +340,8 @@ fn holds_are_per_partition_and_dropped_with_it() {
         gave_up: 0,
         tail_at_ms: 100_000,
         since_ms: 0,
-        released: None,
+        rare: None,
         parked_to: NO_OFFSET,
-        skipped: Box::default(),
-        skip_unwritten: false,
     };
     holds.load(1, b"k", Some(h.clone()));
     holds.load(2, b"k", Some(h));

@@ -274,9 +274,9 @@ fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec
     keys.iter()
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .filter_map(|(tp, key)| {
-            let h = st.holds.get(*tp, key).filter(|h| h.skip_unwritten)?;
+            let h = st.holds.get(*tp, key).filter(|h| h.skip_unwritten())?;
             let rec = hold_record(shared, *tp, key, &Change::Put(h.to_write()));
-            Some((rec, (*tp, key.clone(), h.skipped.last().copied())))
+            Some((rec, (*tp, key.clone(), h.skipped().last().copied())))
         })
         .unzip()
 }
@@ -289,9 +289,9 @@ fn skips_written(shared: &Shared, written: &[SkipOf]) {
         if let Some(h) = st
             .holds
             .get_mut(*tp, key)
-            .filter(|h| h.skipped.last() == skip.as_ref())
+            .filter(|h| h.skipped().last() == skip.as_ref())
         {
-            h.skip_unwritten = false;
+            h.skip_written();
         }
     }
 }
