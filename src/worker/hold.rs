@@ -125,8 +125,8 @@ pub struct Rare {
     /// without writing them down (see [`Hold::loaded`]).
     pub skipped: Vec<Skip>,
     /// Read back, and no write has carried its latest [`Skip`] yet: the
-    /// keeper writes it before the first park that uses a number past it
-    /// (not kept).
+    /// keeper writes the hold before the parks of any round that parks the
+    /// key while this is set (not kept).
     pub skip_unwritten: bool,
 }
 
@@ -148,8 +148,9 @@ impl Hold {
 
     /// Whether park number `seq` is one this hold gave (not one of a hold
     /// of the same key before it, let go since: a copy parked under that
-    /// one, read again after a crash, is a job like any other here). See
-    /// [`first_number`].
+    /// one, read again after a crash, is a job like any other here; see
+    /// [`first_number`]), nor one it passes over (a previous owner's park
+    /// the held topic did not count: see [`Hold::loaded`]).
     pub fn gave(&self, seq: u32) -> bool {
         !self.passes_over(seq)
             && (seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS
@@ -255,14 +256,17 @@ impl Hold {
         self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
         let last = self.last_seq;
+        // A skip never reaches the last number, so one is always left to
+        // go on with (see `LOAD_SKIP`).
+        let upto = |from: u32| from.saturating_add(LOAD_SKIP).min(u32::MAX - 1);
         let rare = self.rare_mut();
         match rare.skipped.last_mut() {
             // Nothing written since the last skip: the owner that read the
             // hold back before may have given numbers past it.
-            Some(s) if s.after == last => s.upto = s.upto.saturating_add(LOAD_SKIP),
+            Some(s) if s.after == last => s.upto = upto(s.upto).max(s.upto),
             _ => rare.skipped.push(Skip {
                 after: last,
-                upto: last.saturating_add(LOAD_SKIP),
+                upto: upto(last).max(last),
             }),
         }
         rare.skip_unwritten = true;
@@ -353,7 +357,9 @@ pub(crate) const GIVE_UP_MS: i64 = 300_000;
 /// How many park numbers a hold read back passes over (see
 /// [`Hold::loaded`]): more than a worker gives one key between two writes
 /// of its hold (a keeper round). A hold read back 128 times stays within
-/// the numbers left above its first (at least 2^23).
+/// the numbers left above its first (at least 2^23); past that its skips
+/// stop short of the last number, and numbers given from there on may be
+/// given twice, as when a hold runs out of numbers.
 pub(crate) const LOAD_SKIP: u32 = 1 << 16;
 
 /// The low bits of a park number that count a hold's parks; the high ones

@@ -139,9 +139,9 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// job back from the scheduler nor the blocker's next run. Such a job
     /// was parked (it comes back with its number), ran before the key was
     /// held, or is an earlier run of the blocker (its failure is what holds
-    /// the key). Parking it again would give it a second number, and the
-    /// scheduler, which keeps a job id once, would lose the first: the key
-    /// would wait for a number that never comes back.
+    /// the key). Parking it again would give it a second number: it would
+    /// run twice, and, were the first park lost, the key would wait for a
+    /// number that never comes back.
     pub fn read_again(&self, partition: P, job: &Job, offset: i64) -> bool {
         // A job that may start early is read as it comes: it may have
         // started, or gone to the scheduler, rather than been parked.

@@ -166,4 +166,30 @@ mod tests {
         let text = String::from_utf8(rec.value.unwrap()).unwrap();
         assert!(!text.contains("parked_to"), "left out when none: {text}");
     }
+
+    #[test]
+    fn a_release_and_skips_read_and_write_as_json_fields() {
+        let id = "01a2187e-674d-772d-adda-6c86045e8a34";
+        let text = format!(
+            r#"{{"blocker":null,"last_seq":7,"done_seq":2,"tail_at_ms":5,"since_ms":1,"released":"{id}","parked_to":9,"skipped":[{{"after":3,"upto":6}}]}}"#
+        );
+        let back = decode(Some(text.as_bytes())).unwrap().unwrap();
+        assert_eq!(back.released().map(|r| r.to_string()), Some(id.to_string()));
+        assert_eq!(back.skipped(), [Skip { after: 3, upto: 6 }]);
+        assert!(!back.skip_unwritten());
+        let rec = record("kairos.held", "crawl", b"k", &Change::Put(back.clone()));
+        assert_eq!(
+            String::from_utf8(rec.value.unwrap()).unwrap(),
+            text,
+            "written as read"
+        );
+        // Neither: no fields, and nothing boxed.
+        let mut plain = back;
+        plain.set_released(None);
+        plain.rare.as_mut().unwrap().skipped.clear();
+        let rec = record("kairos.held", "crawl", b"k", &Change::Put(plain));
+        let text = String::from_utf8(rec.value.unwrap()).unwrap();
+        assert!(!text.contains("released") && !text.contains("skipped"), "{text}");
+        assert_eq!(decode(Some(text.as_bytes())).unwrap().unwrap().rare, None);
+    }
 }

@@ -1,8 +1,9 @@
 //! The keeper: the one task that writes what held keys need, in order:
-//! parked jobs to the schedule topic (due no earlier than the job holding
-//! their key, marked with their park sequence) and each touched key's hold
-//! as it is now to the held topic, once the parked jobs are acknowledged
-//! (a hold counts only parks Kafka has). A round's records are all
+//! the holds read back whose skipped numbers are not written yet (see
+//! `Hold::loaded`), parked jobs to the schedule topic (due no earlier than
+//! the job holding their key, marked with their park sequence) and each
+//! touched key's hold as it is now to the held topic, once the parked jobs
+//! are acknowledged (a hold counts only parks Kafka has). A round's records are all
 //! acknowledged before the next round is written, so a key's parked jobs
 //! reach the scheduler in the order they were parked; parked jobs' offsets
 //! are finished, and waiting settlements answered, only once their round
@@ -129,7 +130,8 @@ pub(super) async fn keep(
 }
 
 /// Write a round until it is acknowledged, or until none of its partitions
-/// is owned by the ownership it was asked under (then `false`): first its
+/// is owned by the ownership it was asked under (then `false`): first the
+/// holds read back among its keys whose skip is not written yet, then its
 /// parked jobs, then, once Kafka has them all, the holds of the keys it
 /// touched. A hold is never written counting a park Kafka may not have
 /// (the two go to different partitions, acknowledged apart: a worker killed
@@ -147,12 +149,16 @@ async fn write_round(shared: &Shared, round: &[Request]) -> bool {
             // A hold read back gives no number past its skip before the
             // skip is written (see `Hold::loaded`).
             let (loaded, skips) = unwritten_skips(shared, &keys);
-            if let Err(e) = send(shared, &loaded).await {
-                warn!(error = %e, records = loaded.len(), "writing held keys read back failed; retrying");
-                tokio::time::sleep(delay.next_delay()).await;
+            if !loaded.is_empty() {
+                if let Err(e) = send(shared, &loaded).await {
+                    warn!(error = %e, records = loaded.len(), "writing held keys read back failed; retrying");
+                    tokio::time::sleep(delay.next_delay()).await;
+                } else {
+                    skips_written(shared, &skips);
+                }
+                // The parks again, for partitions still owned as asked.
                 continue;
             }
-            skips_written(shared, &skips);
             match send(shared, &parks).await {
                 Ok(()) => {
                     mark_sent(shared, round);

@@ -201,8 +201,33 @@ fn an_owner_reading_back_a_hold_read_back_before_passes_over_that_owners_numbers
 
 #[test]
 #[cfg(target_pointer_width = "64")]
-fn skips_cost_a_hold_without_any_nothing() {
+fn a_hold_without_skips_or_a_release_stays_112_bytes() {
     // Each held key keeps a boxed hold (the memory bench's 100,000 held
     // keys): skips sit with a release, boxed apart.
     assert_eq!(std::mem::size_of::<Hold>(), 112);
+}
+
+#[test]
+fn a_hold_read_back_again_and_again_near_the_last_number_still_parks() {
+    // A hold whose numbers start in the last range there is, read back far
+    // more often than its numbers allow skips for.
+    let mut holds = Holds::new(10);
+    let (j0, j1) = (job("k", 0), job("k", 1));
+    holds.settled(P, &j0, again(1_000), 0);
+    let mut h = holds.get(P, b"k").expect("held").to_write();
+    h.last_seq = u32::MAX - 3 * LOAD_SKIP;
+    h.done_seq = h.last_seq;
+    for _ in 0..10 {
+        let mut next = Holds::new(10);
+        next.load(P, b"k", Some(h));
+        h = next.get(P, b"k").expect("held").to_write();
+    }
+    assert!(h.skipped().iter().all(|s| s.upto < u32::MAX), "{:?}", h.skipped());
+    let mut next = Holds::new(10);
+    next.load(P, b"k", Some(h));
+    let Admit::Park { seq, .. } = next.admit(P, &j1, 10) else {
+        panic!("parked behind job 0's retry")
+    };
+    assert_eq!(seq, u32::MAX, "the one number left");
+    assert!(next.get(P, b"k").expect("held").gave(seq));
 }
