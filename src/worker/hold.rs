@@ -159,13 +159,18 @@ impl Hold {
 
     /// Whether `seq` is one of the numbers this hold passes over.
     fn passes_over(&self, seq: u32) -> bool {
-        self.skipped().iter().any(|s| seq > s.after && seq <= s.upto)
+        self.skip_of(seq).is_some()
+    }
+
+    /// The skip that passes over `seq`, if one does.
+    fn skip_of(&self, seq: u32) -> Option<&Skip> {
+        self.skipped().iter().find(|s| seq > s.after && seq <= s.upto)
     }
 
     /// The park number after `seq` in this hold's order.
     pub(crate) fn next_number(&self, seq: u32) -> u32 {
         let mut n = seq.saturating_add(1);
-        while let Some(s) = self.skipped().iter().find(|s| n > s.after && n <= s.upto) {
+        while let Some(s) = self.skip_of(n) {
             n = s.upto.saturating_add(1);
         }
         n

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::JobId;
 use crate::wire::OwnedRecord;
 
-use super::{Blocker, Change, Hold, Skip, NEVER, NO_OFFSET};
+use super::{Blocker, Change, Hold, Rare, Skip, NEVER, NO_OFFSET};
 
 /// The held-topic record key of `key` on work topic `topic`.
 pub fn record_key(topic: &str, key: &[u8]) -> Vec<u8> {
@@ -70,7 +70,14 @@ pub(crate) struct Kept {
 
 impl From<Kept> for Hold {
     fn from(k: Kept) -> Hold {
-        let mut h = Hold {
+        let rare = (k.released.is_some() || !k.skipped.is_empty()).then(|| {
+            Box::new(Rare {
+                released: k.released,
+                skipped: k.skipped,
+                skip_unwritten: false,
+            })
+        });
+        Hold {
             blocker: k.blocker,
             last_seq: k.last_seq,
             done_seq: k.done_seq,
@@ -82,14 +89,9 @@ impl From<Kept> for Hold {
             sent_seq: 0,
             tail_at_ms: k.tail_at_ms,
             since_ms: k.since_ms,
-            rare: None,
+            rare,
             parked_to: k.parked_to,
-        };
-        h.set_released(k.released);
-        if !k.skipped.is_empty() {
-            h.rare_mut().skipped = k.skipped;
         }
-        h
     }
 }
 
