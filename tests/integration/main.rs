@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod apply_lanes;
 mod bad_input;
 mod changelog_order;
 mod contract;

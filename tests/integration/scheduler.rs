@@ -339,7 +339,7 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
 }
 
 /// A child process killed (SIGKILL) when dropped, so a failing test leaves no orphan.
-struct ChildGuard(Child);
+pub(crate) struct ChildGuard(pub(crate) Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
@@ -349,7 +349,7 @@ impl Drop for ChildGuard {
 }
 
 /// A `kairos scheduler` process with its configuration in a file beside its store.
-fn spawn_scheduler(cfg: &Config) -> ChildGuard {
+pub(crate) fn spawn_scheduler(cfg: &Config) -> ChildGuard {
     let toml = toml::to_string(cfg).unwrap();
     let path = cfg.scheduler.data_dir.with_extension("toml");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -366,7 +366,7 @@ fn spawn_scheduler(cfg: &Config) -> ChildGuard {
 }
 
 /// Every scheduled id fired at least once and never early; returns duplicates.
-fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
+pub(crate) fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
     let work = &cfg.topics.work[0];
     let mut seen: HashSet<JobId> = HashSet::new();
     let mut dups = 0;
@@ -513,17 +513,17 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
 
 /// A broker, a configuration (its store under `dir/a`, tuned by `tune`
 /// before its topics are created), the topics, and a producer.
-struct SetUp {
+pub(crate) struct SetUp {
     /// Kept alive for the test (the broker stops when dropped).
-    _broker: Broker,
+    pub(crate) _broker: Broker,
     /// Kept alive for the test (the stores live under it).
-    dir: tempfile::TempDir,
-    cfg: Config,
-    work: String,
-    producer: Producer,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) cfg: Config,
+    pub(crate) work: String,
+    pub(crate) producer: Producer,
 }
 
-async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
+pub(crate) async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = crate::common::system::config(&broker, &dir.path().join("a"));
@@ -539,7 +539,7 @@ async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
 }
 
 /// `n` jobs on keys `key-0`.. due at `at`.
-fn due_at(work: &str, n: usize, at: chrono::DateTime<Utc>) -> Vec<Job> {
+pub(crate) fn due_at(work: &str, n: usize, at: chrono::DateTime<Utc>) -> Vec<Job> {
     (0..n)
         .map(|i| Job::new(work, format!("key-{i}"), b"x".to_vec()).at(at))
         .collect()
