@@ -12,6 +12,7 @@
 //! KAIROS_BENCH_LEAD_SECS=30 cargo bench --bench scheduler_e2e      # durable round: run-at 30 s after the first write
 //! KAIROS_BENCH_DURABLE_FIRST=1 cargo bench --bench scheduler_e2e    # durable round: jobs written before the scheduler starts
 //! KAIROS_BENCH_FETCH_WAIT_MS=2 cargo bench --bench scheduler_e2e    # the scheduler's fetch.wait.max.ms (10)
+//! KAIROS_BENCH_LATENESS_LEAD_MS=12000 cargo bench --bench scheduler_e2e  # lateness: jobs written 12 s ahead (2 s)
 //! KAIROS_BENCH_INGEST_BATCH=8000 KAIROS_BENCH_READ_AHEAD=8000 cargo bench --bench scheduler_e2e  # ingest_batch, queued.min.messages
 //! ```
 //!
@@ -97,7 +98,9 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer a
 use rdkafka::Message;
 
 const PAYLOAD_BYTES: usize = 100;
-/// Written this long before the run-at in the lateness run.
+/// Written this long before the run-at in the lateness run
+/// (`KAIROS_BENCH_LATENESS_LEAD_MS`; past the run's length, every job is
+/// written before the first is due).
 const LEAD_MS: i64 = 2000;
 const TARGET_THROUGHPUT_RATIO: f64 = 0.5;
 const TARGET_P99_MS: f64 = 10.0;
@@ -1129,8 +1132,9 @@ fn main() {
     if only.is_empty() || only == "lateness" {
         for (k, rate) in rates.iter().copied().enumerate() {
             let total = (rate * secs) as usize;
+            let lead_ms = env_u64("KAIROS_BENCH_LATENESS_LEAD_MS", LEAD_MS as u64) as i64;
             println!(
-                "(b) lateness: {rate} due jobs/s for {secs} s ({total} jobs), each written {LEAD_MS} ms before its run-at"
+                "(b) lateness: {rate} due jobs/s for {secs} s ({total} jobs), each written {lead_ms} ms before its run-at"
             );
             let bodies = Bodies::new(total, 0x6c61_7465);
             let (raw_cfg, raw_t) = raw_topic(&rt, &broker);
@@ -1147,7 +1151,7 @@ fn main() {
                     &cfg.topics.work[0],
                     &bodies,
                     rate,
-                    LEAD_MS,
+                    lead_ms,
                 );
                 let st = running.handle.stats();
                 running.stop(&rt);
