@@ -400,7 +400,7 @@ impl Run {
 }
 
 fn throughput_run(rt: &Runtime, kind: Kind, n: u64) -> Run {
-    let broker = Broker::start();
+    let broker = Broker::own();
     let dir = bench_dir("kairos-bench-fair-");
     let cfg = bench_config(&broker, dir.path(), kind);
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
@@ -585,7 +585,7 @@ impl Delays {
 }
 
 fn delay_run(rt: &Runtime, kind: Kind, flood: u64) -> Delays {
-    let broker = Broker::start();
+    let broker = Broker::own();
     let dir = bench_dir("kairos-bench-fair-");
     let cfg = bench_config(&broker, dir.path(), kind);
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
@@ -904,18 +904,6 @@ fn status(addr: SocketAddr, topic: &str) -> Option<Status> {
     })
 }
 
-/// The broker process serving `port` (the nisshi binary, not its watchdog shell).
-fn broker_pid(port: u16) -> Option<u32> {
-    let url = format!("tcp://127.0.0.1:{port}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-        let mut args = cmd.split(|b| *b == 0);
-        let bin = args.next()?;
-        (bin.ends_with(b"nisshi") && args.any(|a| a == url.as_bytes())).then_some(pid)
-    })
-}
-
 /// The largest VmRSS of `samples` reads a second apart (and the last read).
 fn sample_rss(p: &Proc, samples: usize) -> (u64, Mem) {
     let mut max = 0;
@@ -934,9 +922,9 @@ fn memory(rt: &Runtime, summary: &mut Vec<String>) {
     let n = env_u64("KAIROS_BENCH_MEM_JOBS", 10_000_000).max(1);
     let tenants = env_u64("KAIROS_BENCH_MEM_TENANTS", 100_000).clamp(1, n);
     let per = n.div_ceil(tenants);
-    let broker = Broker::start();
+    let broker = Broker::own();
     let broker_rss = |pid: Option<u32>| pid.map_or(f64::NAN, |p| mib(mem_of(p).rss));
-    let bpid = broker_pid(broker.port);
+    let bpid = broker.node_pid(0);
     let dir = bench_dir("kairos-bench-fair-mem-");
     let mut cfg = bench_config(&broker, dir.path(), Kind::Fair);
     support::scheduler_knobs(&mut cfg);

@@ -956,7 +956,7 @@ fn main() {
     let rounds = env_u64("KAIROS_BENCH_ROUNDS", 2).max(1);
     let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
     let rt = runtime();
-    let broker = Broker::start();
+    let broker = Broker::own();
     println!(
         "scheduler_e2e: broker nisshi on {}, {} cores, {PAYLOAD_BYTES}-byte payloads, 36-char keys, \
          3 schedule / 3 work partitions, default scheduler settings",

@@ -682,7 +682,7 @@ fn main() {
         _ => vec![false, true],
     };
     let rt = runtime();
-    let broker = Broker::start();
+    let broker = Broker::own();
     println!(
         "scheduler_restart: P = {p} pending, {rounds} kill -9 + restart rounds per membership setting, \
          broker nisshi on {}, {} cores, 3 schedule partitions, `kairos scheduler` = {}",

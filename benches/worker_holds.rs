@@ -367,7 +367,7 @@ fn main() {
     if let Ok(json) = std::env::var(CHILD_CONFIG) {
         return memory_child(&rt, &json);
     }
-    let broker = Broker::start();
+    let broker = Broker::own();
     let mut ok = true;
     if only.is_empty() || only == "none" {
         println!("no failures: {n} jobs over {KEYS} keys, no-op handler, concurrency {CONCURRENCY}");

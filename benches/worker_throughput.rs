@@ -753,11 +753,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let broker = Broker::start();
+    let broker = Broker::own();
     println!(
-        "worker_throughput: broker nisshi at {} ({}), {} cores",
-        broker.bootstrap(),
-        common::broker_binary().display(),
+        "worker_throughput: {}, {} cores",
+        broker.describe(),
         std::thread::available_parallelism().map_or(0, usize::from)
     );
     if args.run_a {

@@ -180,8 +180,32 @@ pub async fn init(cfg: &Config) -> Result<Vec<TopicReport>, TopicsError> {
             outcome,
         });
     }
+    let producer = kafka::producer(&cfg.kafka, "kairos-admin")?;
+    for p in &planned {
+        wait_served(&producer, p.name, Duration::from_secs(30)).await?;
+    }
     check_partitions(cfg).await?;
     Ok(report)
+}
+
+/// Wait until the cluster's metadata serves `topic`: a topic just created
+/// reaches the brokers a moment after CreateTopics answers, and a client
+/// that asks in between is told it does not exist.
+async fn wait_served(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(), TopicsError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match kafka::partition_count(producer, topic, Duration::from_secs(5)).await {
+            Ok(_) => return Ok(()),
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::LeaderNotAvailable,
+            )) if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Fail unless the schedule topic and its changelog have the same partition count.

@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
 use common::events;
-use common::{free_port, read_up_to, record_count, wait_for, Broker, Storage};
+use common::{read_up_to, record_count, wait_for, Broker};
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Job, JobId, Producer};
 use rand::{Rng, SeedableRng};
@@ -339,10 +339,8 @@ async fn crash_suite(mode: Mode) {
 
     let data = Logs(Some(tempfile::tempdir().unwrap()), "stores and broker data");
     let dir = data.0.as_ref().expect("data dir");
-    let storage = Storage::Sqlite(dir.path().join("broker"));
-    let port = free_port();
-    let mut broker = Some(Broker::start_with(storage.clone(), port));
-    let mut cfg = common::system::config(broker.as_ref().unwrap(), dir.path());
+    let mut broker = Broker::cluster_in(&dir.path().join("kafka"), 1);
+    let mut cfg = common::system::config(&broker, dir.path());
     cfg.topics.work_partitions = 6;
     cfg.topics.schedule_partitions = 6;
     cfg.worker.backoff_base = Duration::from_millis(200);
@@ -461,8 +459,8 @@ async fn crash_suite(mode: Mode) {
             (Utc::now() - start).num_milliseconds() as f64 / 1000.0
         );
         if cycle == broker_restart_at {
-            let (storage, port) = broker.take().unwrap().kill();
-            broker = Some(Broker::start_with(storage, port));
+            broker.kill(0);
+            broker.restart(0);
             log.push("broker kill -9 + restart".to_string());
             continue;
         }
@@ -662,7 +660,7 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
         .unwrap_or_else(|| now_nanos() as u64);
     eprintln!("kill loop: seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let broker = common::Broker::start();
+    let broker = common::Broker::shared();
     let dir = tempfile::tempdir().unwrap();
     // The defaults, but for where the broker, the topics and the store are.
     let mut cfg = broker.config();

@@ -221,9 +221,9 @@ fn waits<'w>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_tenant_does_not_hold_back_the_others_on_a_fair_topic_but_does_on_a_plain_one() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fair_config(&broker, dir.path());
+    let mut cfg = fair_config(broker, dir.path());
     let fair = cfg.topics.work[0].clone();
     let plain = format!("{fair}.plain");
     cfg.topics.work.push(plain.clone());
@@ -309,9 +309,9 @@ fn starts_between(starts: &[Start], from: Instant, to: Instant) -> HashMap<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_backlogged_tenants_of_weights_3_and_1_get_3_to_1_of_the_starts() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fair_config(&broker, dir.path());
+    let mut cfg = fair_config(broker, dir.path());
     cfg.fair.weights.insert("heavy".into(), 3.0);
     kairos::topics::init(&cfg).await.unwrap();
     let topic = cfg.topics.work[0].clone();
@@ -371,9 +371,9 @@ async fn a_tenant_that_just_ran_a_burst_yields_to_a_newcomer_then_shares_equally
     const BURST: usize = 35_000;
     const NEWCOMER: usize = 20_000;
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fair_config(&broker, dir.path());
+    let mut cfg = fair_config(broker, dir.path());
     cfg.fair.half_life = HALF_LIFE;
     kairos::topics::init(&cfg).await.unwrap();
     let topic = cfg.topics.work[0].clone();
@@ -447,9 +447,9 @@ async fn a_tenant_that_just_ran_a_burst_yields_to_a_newcomer_then_shares_equally
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_priority_job_starts_within_a_second_under_a_low_priority_backlog() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = fair_config(&broker, dir.path());
+    let cfg = fair_config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let topic = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
@@ -497,9 +497,9 @@ async fn a_high_priority_job_starts_within_a_second_under_a_low_priority_backlog
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_workers_run_jobs_early_within_their_allowance_and_busy_ones_do_not() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fair_config(&broker, dir.path());
+    let mut cfg = fair_config(broker, dir.path());
     // Early release looks one window ahead.
     cfg.scheduler.window = Duration::from_secs(30);
     kairos::topics::init(&cfg).await.unwrap();
@@ -613,9 +613,9 @@ async fn every_tenant_is_served_while_schedule_partitions_move_between_two_sched
     const FLOOD_JOBS: usize = 40_000;
     const TENANTS: usize = 5;
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = fair_config(&broker, dir.path());
+    let mut cfg = fair_config(broker, dir.path());
     // Partitions move as soon as an instance leaves.
     cfg.scheduler.static_membership = false;
     kairos::topics::init(&cfg).await.unwrap();

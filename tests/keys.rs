@@ -75,9 +75,9 @@ fn one_partition(broker: &Broker, dir: &std::path::Path) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_move_on() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = one_partition(&broker, dir.path());
+    let cfg = one_partition(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let (starts, sys) = recorded(&cfg, move |job, _| {
@@ -146,9 +146,9 @@ async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = one_partition(&broker, dir.path());
+    let cfg = one_partition(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let (starts, sys) = recorded(&cfg, move |job, _| {
@@ -244,9 +244,9 @@ async fn hosts_are_paced_100_ms_apart_in_parallel_near_the_ideal_rate() {
     const JOBS: usize = 1_000;
     let spacing = Duration::from_millis(100);
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = paced(&broker, dir.path(), spacing, &[]);
+    let mut cfg = paced(broker, dir.path(), spacing, &[]);
     cfg.worker.concurrency = 64;
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
@@ -328,9 +328,9 @@ async fn hosts_are_paced_100_ms_apart_in_parallel_near_the_ideal_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limited_outcome_pauses_its_host_without_spending_an_attempt() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = paced(&broker, dir.path(), Duration::from_millis(50), &[]);
+    let cfg = paced(broker, dir.path(), Duration::from_millis(50), &[]);
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let pause = Duration::from_secs(2);
@@ -377,11 +377,11 @@ async fn a_rate_limited_outcome_pauses_its_host_without_spending_an_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_waiting_for_its_turn_does_not_delay_other_keys() {
     let _serial = SERIAL.lock().await;
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
     // Host "slow" may start once every 2 s; every other key 10 ms apart.
     let mut cfg = paced(
-        &broker,
+        broker,
         dir.path(),
         Duration::from_millis(10),
         &[("slow", Duration::from_secs(2))],

@@ -79,9 +79,9 @@ fn now_nanos() -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg: Config = common::system::config(&broker, dir.path());
+    let mut cfg: Config = common::system::config(broker, dir.path());
     cfg.topics.work_partitions = 12;
     cfg.worker.concurrency = 64;
     cfg.worker.revocation_deadline = Duration::from_secs(10);

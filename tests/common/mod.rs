@@ -1,18 +1,18 @@
-//! Helpers shared by the integration tests: a real Kafka-protocol broker
-//! process per test, unique names, waiting on conditions with a deadline,
-//! and reading topics back.
+//! Helpers shared by the integration tests: the Apache Kafka broker
+//! ([`kafka`]), unique names, waiting on conditions with a deadline, and
+//! reading topics back.
 #![allow(dead_code)]
 
 pub mod events;
+pub mod kafka;
+
+pub use kafka::Broker;
 
 /// What a handler under test records, shared with the test.
 pub type Recorded<T> = std::sync::Arc<std::sync::Mutex<Vec<T>>>;
 pub mod system;
 
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -20,176 +20,7 @@ use kairos::Config;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
-use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{Message, Offset, TopicPartitionList};
-
-/// The broker binary: `$KAIROS_NISSHI_BIN`, else the install script's cache.
-pub fn broker_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("KAIROS_NISSHI_BIN") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("KAIROS_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let base = std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache"));
-            base.join("kairos")
-        });
-    let bin = cache.join("nisshi-0.8.1/bin/nisshi");
-    assert!(
-        bin.exists(),
-        "test broker not found at {}: run ./scripts/test.sh (or scripts/install-broker.sh) first",
-        bin.display()
-    );
-    bin
-}
-
-/// Storage for a broker: in memory, or a sqlite file that survives a restart.
-#[derive(Clone, Debug)]
-pub enum Storage {
-    /// Nothing survives the process.
-    Memory,
-    /// Records survive a kill -9 and restart: the broker runs in this
-    /// directory (kept across restarts) with its database at `data/broker.db`.
-    Sqlite(PathBuf),
-}
-
-/// A broker process listening on 127.0.0.1, stopped when dropped, and also
-/// when the test process dies (it watches a pipe from us; see `spawn`).
-pub struct Broker {
-    /// Port on 127.0.0.1.
-    pub port: u16,
-    /// The watchdog shell that owns the broker process.
-    child: Child,
-    /// Closing this pipe makes the watchdog kill the broker.
-    lifeline: Option<ChildStdin>,
-    /// The broker's working directory (it reads a `.env` from there).
-    dir: tempfile::TempDir,
-    /// Where its data lives.
-    storage: Storage,
-}
-
-impl Broker {
-    /// Start an in-memory broker on a free port and wait until it answers.
-    pub fn start() -> Broker {
-        capture_logs();
-        Self::start_with(Storage::Memory, free_port())
-    }
-
-    /// Start a broker with the given storage on the given port.
-    pub fn start_with(storage: Storage, port: u16) -> Broker {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("tcp://127.0.0.1:{port}");
-        let (engine, workdir) = match &storage {
-            Storage::Memory => ("memory://nisshi/".to_string(), dir.path().to_path_buf()),
-            Storage::Sqlite(d) => {
-                std::fs::create_dir_all(d.join("data")).expect("broker data dir");
-                // nisshi takes a path relative to its working directory.
-                ("sqlite://data/broker.db".to_string(), d.clone())
-            }
-        };
-        let log = dir.path().join("broker.log");
-        // The watchdog: run the broker in the background; when our end of
-        // its stdin closes (we dropped the Broker, or this test process died
-        // in any way, SIGKILL included), kill the broker.
-        let script = r#"
-            exec 3<&0
-            "$@" </dev/null >"$BROKER_LOG" 2>&1 &
-            b=$!
-            ( read -r _ <&3; kill -9 "$b" 2>/dev/null ) &
-            w=$!
-            wait "$b"
-            kill "$w" 2>/dev/null
-        "#;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg("broker")
-            .arg(broker_binary())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", &engine])
-            .args(["--group-initial-rebalance-delay", "0s", "--silent"])
-            .env("BROKER_LOG", &log)
-            .current_dir(&workdir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn broker");
-        let lifeline = child.stdin.take();
-        let broker = Broker {
-            port,
-            child,
-            lifeline,
-            dir,
-            storage,
-        };
-        broker.wait_ready(Duration::from_secs(30));
-        broker
-    }
-
-    /// `host:port` for `bootstrap.servers`.
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "broker did not listen on port {} within {timeout:?}; log:\n{}",
-                self.port,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Listening is not yet serving: wait for a metadata answer.
-        let p: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("probe client");
-        let left = deadline.saturating_duration_since(Instant::now());
-        p.client()
-            .fetch_metadata(None, left)
-            .unwrap_or_else(|e| panic!("broker not answering metadata: {e}; log:\n{}", self.log()));
-    }
-
-    /// The broker's log so far (for failure messages).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
-    }
-
-    /// Kill the broker with SIGKILL and wait for it to be gone.
-    pub fn kill(mut self) -> (Storage, u16) {
-        self.stop();
-        (self.storage.clone(), self.port)
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut l) = self.lifeline.take() {
-            let _ = l.write_all(b"stop\n");
-        }
-        let _ = self.child.wait();
-    }
-
-    /// A configuration pointing at this broker, with topic names unique to
-    /// this test and small partition counts.
-    pub fn config(&self) -> Config {
-        let mut cfg = Config::default();
-        cfg.kafka.brokers = self.bootstrap();
-        cfg.kafka.produce_timeout = Duration::from_secs(10);
-        fresh_topics(&mut cfg);
-        cfg
-    }
-}
 
 /// Topic names of their own for `cfg` (one work topic), 3 schedule and 3
 /// work partitions.
@@ -202,12 +33,6 @@ pub fn fresh_topics(cfg: &mut Config) {
     cfg.topics.work = vec![format!("{p}.jobs")];
     cfg.topics.schedule_partitions = 3;
     cfg.topics.work_partitions = 3;
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the broker).
@@ -405,4 +230,62 @@ impl Scraper {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
     }
+}
+
+/// Make compacted `topic` compact within seconds, as a busy production
+/// topic would: segments roll every 100 ms (a segment is cleaned only once
+/// it is no longer the one written to), any share of superseded records is
+/// worth a cleaning, records may go as soon as they are superseded, and
+/// tombstones stay `tombstones` after their segment was first cleaned. The
+/// broker's cleaner looks every second (`common::kafka`).
+pub async fn compact_soon(brokers: &str, topic: &str, tombstones: Duration) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let ms = tombstones.as_millis().to_string();
+    // AlterConfigs replaces the topic's whole configuration: compaction is
+    // named again.
+    let change = AlterConfig::new(ResourceSpecifier::Topic(topic))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", "100")
+        .set("min.cleanable.dirty.ratio", "0.01")
+        .set("min.compaction.lag.ms", "0")
+        .set("delete.retention.ms", &ms);
+    let answer = admin
+        .alter_configs(&[change], &AdminOptions::new())
+        .await
+        .expect("alter configs");
+    assert!(
+        answer.iter().all(|r| r.is_ok()),
+        "alter configs of {topic}: {answer:?}"
+    );
+}
+
+/// What `topic` holds now, from each partition's start to its end: every
+/// record's partition, key and whether it is a tombstone; and how many
+/// offsets the partitions span (high minus low watermark), which is more
+/// than the records once the broker has compacted some away.
+pub fn log_now(brokers: &str, topic: &str) -> (Vec<(i32, Vec<u8>, bool)>, i64) {
+    let mut kafka = kairos::Config::default().kafka;
+    kafka.brokers = brokers.to_string();
+    let mut records = Vec::new();
+    kairos::kafka::read_to_end(
+        &kafka,
+        &unique("log-now"),
+        topic,
+        None,
+        Duration::from_secs(30),
+        |m| {
+            records.push((
+                m.partition(),
+                m.key().unwrap_or_default().to_vec(),
+                m.payload().is_none(),
+            ))
+        },
+    )
+    .expect("read to end");
+    (records, record_count(brokers, topic))
 }

@@ -43,9 +43,9 @@ fn local() -> AdminConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.scheduler.admin = local();
     cfg.worker.admin = local();
     kairos::topics::init(&cfg).await.unwrap();
@@ -316,9 +316,9 @@ fn an_endpoint_bound_beyond_loopback_needs_a_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kairos_stats_shows_each_topics_records_and_its_groups_lag() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
@@ -369,9 +369,9 @@ async fn kairos_stats_shows_each_topics_records_and_its_groups_lag() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kairos_stats_counts_the_jobs_held_by_when_they_come_due_and_kairos_job_finds_one() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.scheduler.admin = local();
     kairos::topics::init(&cfg).await.unwrap();
     let stop = CancellationToken::new();
@@ -460,9 +460,9 @@ async fn kairos_stats_counts_the_jobs_held_by_when_they_come_due_and_kairos_job_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_shows_the_runs_going_on_and_the_records_a_crash_would_repeat() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.worker.admin = local();
     kairos::topics::init(&cfg).await.unwrap();
     // Three jobs of three keys hold their runs until let go.

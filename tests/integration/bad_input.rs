@@ -66,9 +66,9 @@ async fn send(p: &FutureProducer, topic: &str, b: &Bad) -> Result<(), rdkafka::e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_malformed_record_is_dead_lettered_with_its_reason_and_nothing_after_it_is_skipped() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let ran: Arc<Mutex<Vec<String>>> = Default::default();

@@ -30,8 +30,8 @@ fn decode_job(m: &OwnedMessage, ctx: Context) -> Job {
     }
 }
 
-async fn setup() -> (Broker, kairos::Config) {
-    let broker = Broker::start();
+async fn setup() -> (&'static Broker, kairos::Config) {
+    let broker = Broker::shared();
     let cfg = broker.config();
     topics::init(&cfg).await.expect("topics init");
     (broker, cfg)
@@ -39,7 +39,7 @@ async fn setup() -> (Broker, kairos::Config) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_init_is_safe_to_run_twice() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let cfg = broker.config();
     let first = topics::init(&cfg).await.expect("first init");
     assert_eq!(first.len(), 5);
@@ -82,7 +82,7 @@ async fn topics_init_is_safe_to_run_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_init_refuses_a_changelog_with_other_partitions() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut cfg = broker.config();
     topics::init(&cfg).await.unwrap();
     // Same topic names, but now asking for more schedule partitions: the
@@ -100,7 +100,7 @@ async fn topics_init_refuses_a_changelog_with_other_partitions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_routes_due_jobs_to_work_and_future_jobs_to_schedule() {
-    let (broker, cfg) = setup().await;
+    let (_broker, cfg) = setup().await;
     let now = Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap();
     let clock = ManualClock::new(now);
     let inner = kairos::kafka::producer(&cfg.kafka, "test").unwrap();
@@ -147,7 +147,6 @@ async fn producer_routes_due_jobs_to_work_and_future_jobs_to_schedule() {
             ..far
         }
     );
-    drop(broker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

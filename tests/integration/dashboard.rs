@@ -28,9 +28,9 @@ fn status(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brings_dead_jobs_back() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.scheduler.admin = AdminConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         token: None,

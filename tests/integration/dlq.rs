@@ -31,9 +31,9 @@ type Ran = (u32, Option<Vec<u8>>);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
 

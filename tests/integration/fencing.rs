@@ -17,9 +17,9 @@ const T: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_fenced_out_of_its_group_joins_again_and_keeps_firing() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = crate::common::system::config(&broker, dir.path());
+    let mut cfg = crate::common::system::config(broker, dir.path());
     cfg.scheduler.static_membership = true;
     cfg.scheduler.instance_id = "fenced-once".into();
     kairos::topics::init(&cfg).await.unwrap();

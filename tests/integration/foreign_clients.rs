@@ -31,9 +31,9 @@ fn python(args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let runs: crate::common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();

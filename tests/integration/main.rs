@@ -1,7 +1,8 @@
-//! The integration tests, one binary (one link): each test starts its own
-//! broker process (nisshi, see `common`), so tests run in parallel; the
-//! crash suites (`tests/crash.rs`, `tests/worker_processes.rs`) stay
-//! binaries of their own, run one after the other.
+//! The integration tests, one binary (one link): they share one Apache
+//! Kafka broker (`common::kafka`), each on topics and groups of its own, so
+//! tests run in parallel; the crash suites (`tests/crash.rs`,
+//! `tests/worker_processes.rs`) stay binaries of their own, run one after
+//! the other.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common::system::enqueue_all;
-use crate::common::{header, read_n, read_up_to, record_count, wait_for, Broker};
+use crate::common::{header, read_exactly, read_n, read_up_to, record_count, wait_for, Broker};
 use chrono::{TimeZone, Utc};
 use kairos::scheduler::Scheduler;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
@@ -58,10 +58,10 @@ impl Running {
 }
 
 /// A broker, topics, and a scheduler that owns every schedule partition.
-async fn started() -> (Broker, tempfile::TempDir, Config, Running) {
-    let broker = Broker::start();
+async fn started() -> (&'static Broker, tempfile::TempDir, Config, Running) {
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = crate::common::system::config(&broker, dir.path());
+    let cfg = crate::common::system::config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let running = start(&cfg);
     wait_owned(&running, 3);
@@ -437,9 +437,9 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_moving_between_two_instances_loses_nothing() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg_a = crate::common::system::config(&broker, &dir.path().join("a"));
+    let cfg_a = crate::common::system::config(broker, &dir.path().join("a"));
     kairos::topics::init(&cfg_a).await.unwrap();
     let mut cfg_b = cfg_a.clone();
     cfg_b.scheduler.data_dir = dir.path().join("b");
@@ -514,8 +514,8 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
 /// A broker, a configuration (its store under `dir/a`, tuned by `tune`
 /// before its topics are created), the topics, and a producer.
 pub(crate) struct SetUp {
-    /// Kept alive for the test (the broker stops when dropped).
-    pub(crate) _broker: Broker,
+    /// The shared broker.
+    pub(crate) _broker: &'static Broker,
     /// Kept alive for the test (the stores live under it).
     pub(crate) dir: tempfile::TempDir,
     pub(crate) cfg: Config,
@@ -524,9 +524,9 @@ pub(crate) struct SetUp {
 }
 
 pub(crate) async fn set_up(tune: impl FnOnce(&mut Config)) -> SetUp {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = crate::common::system::config(&broker, &dir.path().join("a"));
+    let mut cfg = crate::common::system::config(broker, &dir.path().join("a"));
     tune(&mut cfg);
     kairos::topics::init(&cfg).await.unwrap();
     SetUp {
@@ -796,12 +796,12 @@ async fn records_read_again_by_another_instance_do_not_fire_again() {
     records_read_again_after_a_kill_do_not_fire_again(true).await;
 }
 
-/// A store that comes back after its changelog records were compacted away
-/// does not trust its copy: the changelog keeps a tombstone for a day, so
-/// a job cancelled (or fired) by another instance meanwhile would otherwise
-/// come back and fire. Compaction is emulated by deleting the changelog's
-/// records (Kafka's DeleteRecords), which moves its start past the store's
-/// checkpoint as compaction and tombstone expiry would.
+/// A store that comes back after the broker compacted its changelog does
+/// not trust its copy: the changelog keeps a tombstone for its
+/// `delete.retention.ms` (half a second here, a day as `topics init` makes
+/// it), and once the broker has removed the tombstone of a job cancelled by
+/// another instance meanwhile, replaying from the store's checkpoint would
+/// not see the cancel and the job would come back and fire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancelled_job() {
     let (setup, clock, base, cancelled) =
@@ -813,17 +813,11 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
         producer,
         ..
     } = &setup;
-    // Compaction removes the job's record and, a day later, its tombstone.
-    let admin = kairos::kafka::admin(&cfg.kafka).unwrap();
-    let mut everything = rdkafka::TopicPartitionList::new();
-    everything
-        .add_partition_offset(&cfg.topics.changelog, 0, rdkafka::Offset::End)
-        .unwrap();
-    let deleted = admin
-        .delete_records(&everything, &rdkafka::admin::AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(deleted.elements()[0].error().is_ok(), "{deleted:?}");
+    // The broker compacts the changelog: the job's record goes, then its
+    // tombstone.
+    let changelog = &cfg.topics.changelog;
+    crate::common::compact_soon(&cfg.kafka.brokers, changelog, Duration::from_millis(500)).await;
+    compacted_away(cfg, &HashSet::from([cancelled.id])).await;
     // A control job due a second after the cancelled one, same partition.
     let control = Job::new(work.as_str(), "key-2", b"y".to_vec()).at(base + chrono::Duration::seconds(101));
     enqueue_all(producer, vec![control.clone()]).await;
@@ -846,6 +840,80 @@ async fn a_store_back_after_its_changelog_was_compacted_does_not_revive_a_cancel
         cancelled.id
     );
     again.stop().await;
+}
+
+/// A partition's new owner, its store empty, rebuilds the partition from a
+/// changelog the broker has compacted: the jobs still pending fire at their
+/// run-at, and the jobs cancelled or fired before do not come back (their
+/// records and tombstones are gone from the log). Time is a manual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_rebuilds_from_a_changelog_the_broker_compacted() {
+    let setup = set_up(|c| {
+        c.topics.schedule_partitions = 2;
+        // The first instance hands its partitions over at once when it stops.
+        c.scheduler.static_membership = false;
+    })
+    .await;
+    let SetUp {
+        cfg,
+        work,
+        producer,
+        dir,
+        ..
+    } = &setup;
+    let changelog = &cfg.topics.changelog;
+    crate::common::compact_soon(&cfg.kafka.brokers, changelog, Duration::from_millis(500)).await;
+    let base = Utc::now();
+    let clock = kairos::ManualClock::new(base);
+    let first = start_with_clock(cfg, std::sync::Arc::new(clock.clone()));
+    wait_owned(&first, 2);
+    let later = base + chrono::Duration::seconds(100);
+    let job = |what: &str, i: usize, at| Job::new(work.as_str(), format!("{what}-{i}"), b"x".to_vec()).at(at);
+    let kept: Vec<Job> = (0..20).map(|i| job("kept", i, later)).collect();
+    let cancelled: Vec<Job> = (0..20).map(|i| job("cancelled", i, later)).collect();
+    // Due before the others, but not yet by the producer's clock (the real
+    // one), which sends jobs already due straight to the work topic.
+    let soon: Vec<Job> = (0..20)
+        .map(|i| job("soon", i, base + chrono::Duration::seconds(30)))
+        .collect();
+    let all: Vec<Job> = kept.iter().chain(&cancelled).chain(&soon).cloned().collect();
+    enqueue_all(producer, all).await;
+    wait_for("the jobs stored", T, || {
+        (first.handle.stats().pending == 60).then_some(())
+    });
+    for j in &cancelled {
+        producer.cancel(j.id).await.unwrap();
+    }
+    clock.set(base + chrono::Duration::seconds(31));
+    wait_for("the cancels applied and the due jobs fired", T, || {
+        let st = first.handle.stats();
+        (st.cancelled == 20 && st.fired == 20).then_some(())
+    });
+    let gone: HashSet<JobId> = cancelled.iter().chain(&soon).map(|j| j.id).collect();
+    compacted_away(cfg, &gone).await;
+    first.stop().await;
+
+    let mut other = cfg.clone();
+    other.scheduler.data_dir = dir.path().join("b");
+    let second = start_with_clock(&other, std::sync::Arc::new(clock.clone()));
+    wait_owned(&second, 2);
+    let st = second.handle.stats();
+    assert_eq!(st.pending, 20, "rebuilt: the kept jobs alone ({st:?})");
+    clock.set(later + chrono::Duration::seconds(1));
+    wait_for("the kept jobs to fire", T, || {
+        (second.handle.stats().fired == 20).then_some(())
+    });
+    second.stop().await;
+    let fired: Vec<JobId> = read_exactly(&cfg.kafka.brokers, work, 40, T)
+        .iter()
+        .map(|m| job_of(m).id)
+        .collect();
+    let want: HashSet<JobId> = kept.iter().chain(&soon).map(|j| j.id).collect();
+    assert_eq!(
+        fired.iter().copied().collect::<HashSet<_>>(),
+        want,
+        "each kept and due job fired once"
+    );
 }
 
 /// A store away longer than the changelog keeps tombstones (half of its
@@ -871,6 +939,53 @@ async fn a_store_away_longer_than_tombstones_are_kept_rebuilds_from_the_changelo
     let st = late.handle.stats();
     assert_eq!((st.pending, st.replayed), (0, 2), "{st:?}");
     late.stop().await;
+}
+
+/// Wait until the broker's cleaner has removed every changelog record of
+/// `ids`, puts and tombstones, and anything else (the log spans more
+/// offsets than it holds records). A segment is cleaned only once a newer
+/// one is written to, so meanwhile tombstones of ids no job has (what other
+/// jobs' changes would be) keep every changelog partition rolling.
+async fn compacted_away(cfg: &Config, ids: &HashSet<JobId>) {
+    let brokers = &cfg.kafka.brokers;
+    let topic = &cfg.topics.changelog;
+    let filler: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (records, span) = crate::common::log_now(brokers, topic);
+        let left = records
+            .iter()
+            .filter(|(_, k, _)| {
+                <[u8; 16]>::try_from(&k[..]).is_ok_and(|k| ids.contains(&JobId::from_bytes(k)))
+            })
+            .count();
+        if left == 0 && (records.len() as i64) < span {
+            eprintln!(
+                "changelog compacted: {} records left of {span} offsets",
+                records.len()
+            );
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker did not compact {topic} within 60 s: {left} records of the jobs left, {} records of {span}",
+            records.len()
+        );
+        for p in 0..cfg.topics.schedule_partitions {
+            let key = *JobId::new().as_bytes();
+            let rec = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(topic)
+                .key(&key[..])
+                .partition(p);
+            filler
+                .send(rec, Duration::from_secs(10))
+                .await
+                .expect("filler tombstone");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Two instances on one schedule partition, each with its own store, on a

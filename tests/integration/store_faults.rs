@@ -17,9 +17,9 @@ use kairos::{Job, Producer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_write_stops_the_scheduler_without_losing_jobs() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = crate::common::system::config(&broker, dir.path());
+    let mut cfg = crate::common::system::config(broker, dir.path());
     // Small batches, so that some are persisted and committed before the limit hits.
     cfg.scheduler.ingest_batch = 100;
     kairos::topics::init(&cfg).await.unwrap();

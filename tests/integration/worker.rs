@@ -26,9 +26,9 @@ struct Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_jobs_never_overlap_and_keep_order_while_keys_run_in_parallel() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.worker.concurrency = 16;
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
@@ -101,9 +101,9 @@ async fn same_key_jobs_never_overlap_and_keep_order_while_keys_run_in_parallel()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_back_off_through_the_scheduler_and_end_in_the_dead_letter_topic() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let attempts: crate::common::Recorded<(u32, Instant, Option<String>)> = Default::default();
@@ -147,9 +147,9 @@ async fn retries_back_off_through_the_scheduler_and_end_in_the_dead_letter_topic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_run_at_their_run_at() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let seen: crate::common::Recorded<(String, chrono::DateTime<Utc>, chrono::DateTime<Utc>)> =
@@ -193,9 +193,9 @@ async fn follow_ups_run_at_their_run_at() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_and_malformed_records_do_not_stop_the_worker() {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let done: Arc<Mutex<Vec<String>>> = Default::default();
@@ -287,9 +287,9 @@ async fn a_job_read_before_its_run_at_on_a_hold_key_topic_goes_to_the_scheduler_
 
 async fn read_before_its_run_at(on_failure: kairos::config::OnFailure) {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.worker.on_failure = on_failure;
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
@@ -337,9 +337,9 @@ async fn read_before_its_run_at(on_failure: kairos::config::OnFailure) {
 /// for the scheduler, and runs no earlier than the allowance lets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_within_its_early_allowance_runs_before_its_run_at_and_one_beyond_it_waits() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&broker, dir.path());
+    let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     // (key, run-at, started)
@@ -410,9 +410,9 @@ async fn a_job_within_its_early_allowance_runs_before_its_run_at_and_one_beyond_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its_job_runs_again() {
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&broker, dir.path());
+    let mut cfg = config(broker, dir.path());
     cfg.worker.revocation_deadline = Duration::from_secs(1);
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
