@@ -14,13 +14,13 @@
 //! are read as TOML when they parse as such (`5`, `true`, `["a", "b"]`) and
 //! as plain text otherwise.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod fair;
+mod kafka;
 mod keys;
 mod load;
 #[cfg(test)]
@@ -28,6 +28,7 @@ mod tests;
 mod worker;
 
 pub use fair::FairConfig;
+pub use kafka::{GroupProtocol, KafkaConfig, PassThrough};
 pub use keys::{Limit, OnFailure, Pacing};
 pub use load::{load, load_from, ConfigError, ENV_PREFIX};
 pub use worker::WorkerConfig;
@@ -183,68 +184,6 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// Connection to Kafka.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct KafkaConfig {
-    /// Bootstrap servers, comma-separated `host:port` (librdkafka's `bootstrap.servers`).
-    pub brokers: String,
-    /// How long a produce may wait for the broker's acknowledgement before it
-    /// fails (librdkafka's `message.timeout.ms`).
-    #[serde(with = "humantime_serde")]
-    pub produce_timeout: Duration,
-    /// librdkafka settings for every client (TLS, SASL, `client.id`, ...),
-    /// applied after Kairos's own defaults, so they win.
-    pub client: BTreeMap<String, PassThrough>,
-    /// librdkafka settings for producers only (`compression.type`, `linger.ms`, ...).
-    pub producer: BTreeMap<String, PassThrough>,
-    /// librdkafka settings for consumers only (`fetch.max.bytes`, `session.timeout.ms`, ...).
-    pub consumer: BTreeMap<String, PassThrough>,
-}
-
-impl Default for KafkaConfig {
-    fn default() -> Self {
-        KafkaConfig {
-            brokers: "127.0.0.1:9092".into(),
-            produce_timeout: Duration::from_secs(30),
-            client: BTreeMap::new(),
-            producer: BTreeMap::new(),
-            consumer: BTreeMap::new(),
-        }
-    }
-}
-
-/// A librdkafka setting's value: TOML strings, integers, floats and booleans
-/// are all accepted and passed to librdkafka as text.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(transparent)]
-pub struct PassThrough(pub String);
-
-impl<'de> Deserialize<'de> for PassThrough {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Any {
-            S(String),
-            I(i64),
-            F(f64),
-            B(bool),
-        }
-        Ok(PassThrough(match Any::deserialize(d)? {
-            Any::S(s) => s,
-            Any::I(i) => i.to_string(),
-            Any::F(f) => f.to_string(),
-            Any::B(b) => b.to_string(),
-        }))
-    }
-}
-
-impl From<&str> for PassThrough {
-    fn from(s: &str) -> Self {
-        PassThrough(s.to_string())
-    }
-}
-
 /// Topic names and shapes.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -274,6 +213,11 @@ pub struct TopicsConfig {
     pub dead_letter_partitions: i32,
     /// Replication factor of created topics (3 on a production cluster).
     pub replication_factor: i32,
+    /// `min.insync.replicas` of created topics: how many replicas must have
+    /// a write before it is acknowledged (Kairos's producers ask for
+    /// `acks=all`). Unset: the broker's default. With replication factor 3,
+    /// 2 keeps every acknowledged write on two brokers and lets one be down.
+    pub min_insync_replicas: Option<i32>,
 }
 
 impl Default for TopicsConfig {
@@ -288,6 +232,7 @@ impl Default for TopicsConfig {
             work_partitions: 6,
             dead_letter_partitions: 1,
             replication_factor: 1,
+            min_insync_replicas: None,
         }
     }
 }
@@ -332,6 +277,14 @@ impl Config {
         ] {
             if n < 1 {
                 return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if let Some(n) = self.topics.min_insync_replicas {
+            if n < 1 || n > self.topics.replication_factor {
+                return Err(invalid(
+                    "topics.min_insync_replicas",
+                    "must be at least 1 and at most topics.replication_factor",
+                ));
             }
         }
         for (key, name) in [
@@ -408,6 +361,7 @@ impl Config {
                 "must be longer than zero and at most 300s",
             ));
         }
+        self.kafka.validate()?;
         s.admin.validate("scheduler.admin.token")?;
         w.admin.validate("worker.admin.token")?;
         self.fair.validate(&self.topics.work)?;

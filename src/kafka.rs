@@ -13,12 +13,14 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::future_producer::Delivery;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::config::{KafkaConfig, PassThrough};
+use crate::config::{GroupProtocol, KafkaConfig, PassThrough};
 use crate::wire::OwnedRecord;
 
 mod read;
+mod transient;
 
 pub use read::{read_to_end, ReadError};
+pub use transient::{retry_until, transient};
 
 /// Settings shared by every client: bootstrap servers, a client id, and the
 /// `[kafka.client]` map.
@@ -79,15 +81,26 @@ pub struct Membership<'a> {
 
 /// Consumer settings for a member of a group: offsets are stored by Kairos
 /// only once a record's effect is durable (`enable.auto.offset.store=false`)
-/// and committed in the background; cooperative-sticky assignment so that a
-/// rebalance moves only the partitions that must move.
+/// and committed in the background; under the classic protocol,
+/// cooperative-sticky assignment so that a rebalance moves only the
+/// partitions that must move (the consumer protocol is incremental itself).
 pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &str) -> ClientConfig {
     let mut c = connection(cfg, client_id);
     c.set("group.id", member.group);
-    c.set(
-        "session.timeout.ms",
-        member.session_timeout.as_millis().to_string(),
-    );
+    match cfg.group_protocol {
+        GroupProtocol::Classic => {
+            c.set(
+                "session.timeout.ms",
+                member.session_timeout.as_millis().to_string(),
+            );
+            c.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        // The broker assigns partitions (incrementally) and keeps the
+        // session timeout; librdkafka refuses both settings here.
+        GroupProtocol::Consumer => {
+            c.set("group.protocol", "consumer");
+        }
+    }
     if let Some(id) = &member.instance_id {
         c.set("group.instance.id", id);
     }
@@ -99,7 +112,6 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
     );
     c.set("enable.auto.offset.store", "false");
     c.set("auto.offset.reset", "earliest");
-    c.set("partition.assignment.strategy", "cooperative-sticky");
     c.set("enable.partition.eof", "false");
     // When its prefetch queue is full (`queued.max.messages.kbytes`, 64 MiB
     // by default: about 100,000 jobs), librdkafka looks again only after
@@ -456,6 +468,12 @@ mod tests {
         let c = consumer_config(&cfg, &member, "c");
         assert_eq!(c.get("session.timeout.ms"), Some("10000"));
         assert_eq!(c.get("group.instance.id"), None);
+        assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+        cfg.group_protocol = GroupProtocol::Consumer;
+        let c = consumer_config(&cfg, &member, "c");
+        assert_eq!(c.get("group.protocol"), Some("consumer"));
+        assert_eq!(c.get("session.timeout.ms"), None, "the broker's, under KIP-848");
+        assert_eq!(c.get("partition.assignment.strategy"), None);
     }
 
     #[test]

@@ -145,13 +145,19 @@ pub fn planned(cfg: &Config) -> Vec<(String, i32)> {
 pub async fn init(cfg: &Config) -> Result<Vec<TopicReport>, TopicsError> {
     let admin = kafka::admin(&cfg.kafka)?;
     let planned = plan(cfg);
+    let min_isr = cfg.topics.min_insync_replicas.map(|n| n.to_string());
     let new_topics: Vec<NewTopic<'_>> = planned
         .iter()
         .map(|p| {
             let rf = TopicReplication::Fixed(cfg.topics.replication_factor);
-            p.settings
+            let t = p
+                .settings
                 .iter()
-                .fold(NewTopic::new(p.name, p.partitions, rf), |t, (k, v)| t.set(k, v))
+                .fold(NewTopic::new(p.name, p.partitions, rf), |t, (k, v)| t.set(k, v));
+            match &min_isr {
+                Some(n) => t.set("min.insync.replicas", n),
+                None => t,
+            }
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));

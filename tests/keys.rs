@@ -196,6 +196,116 @@ async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order(
     assert_eq!(order, vec!["1", "2", "3"], "job 1 ran once, then was released");
 }
 
+/// The broker compacts the held topic, and a worker that takes the
+/// partition over rebuilds its holds from what compaction left: keys still
+/// held stay held (their later jobs wait for the failing one to succeed),
+/// keys let go before (their hold records and tombstones compacted away)
+/// are not held and do not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_taking_over_rebuilds_holds_from_a_held_topic_the_broker_compacted() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_partition(broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let brokers = cfg.kafka.brokers.clone();
+    common::compact_soon(&brokers, &cfg.topics.held, Duration::from_millis(500)).await;
+    let work = cfg.topics.work[0].clone();
+    // The first worker: the held keys' job 1 always fails (retried in 20 s,
+    // after the second worker has taken over); every other key's job 1
+    // fails once, so its key is held and let go.
+    let (_, first) = recorded(&cfg, move |job, _| match (job.payload.as_slice(), job.attempt) {
+        (b"1", _) if job.key.starts_with(b"held-") => {
+            Outcome::retry_after(Duration::from_secs(20), "fails here")
+        }
+        (b"1", 1) => Outcome::retry_after(Duration::from_millis(100), "fails once"),
+        _ => Outcome::done(),
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let enqueue = |key: String| {
+        let (producer, work) = (&producer, &work);
+        async move {
+            for n in ["1", "2"] {
+                producer
+                    .enqueue(Job::new(work, key.as_str(), n.as_bytes().to_vec()))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    for k in 0..5 {
+        enqueue(format!("held-{k}")).await;
+    }
+    for k in 0..10 {
+        enqueue(format!("let-go-{k}")).await;
+    }
+    wait_for("five keys held, the others let go", T, || {
+        let st = first.worker.stats();
+        (st.held_keys == 5 && st.succeeded >= 20).then_some(())
+    });
+    // More keys held and let go keep the held topic rolling until the
+    // broker has compacted the first ones' records away.
+    let deadline = Instant::now() + T;
+    let mut churn = 0;
+    loop {
+        let (records, span) = common::log_now(&brokers, &cfg.topics.held);
+        let let_go = records.iter().filter(|(_, k, _)| contains(k, b"let-go-")).count();
+        let held = records
+            .iter()
+            .filter(|(_, k, tomb)| contains(k, b"held-") && !tomb)
+            .count();
+        if let_go == 0 && (records.len() as i64) < span {
+            eprintln!(
+                "held topic compacted: {} records of {span} offsets, {held} of held keys",
+                records.len()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broker did not compact the held topic: {records:?}"
+        );
+        enqueue(format!("churn-{churn}")).await;
+        churn += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    first.stop().await;
+
+    // The second worker (same group): everything succeeds now.
+    let (starts, second) = recorded(&cfg, |_, _| Outcome::done());
+    wait_for("the holds read back", T, || {
+        (second.worker.stats().held_keys >= 5).then_some(())
+    });
+    wait_for("the held keys' jobs to run", T, || {
+        let s = starts.lock().unwrap();
+        (s.iter().filter(|x| x.key.starts_with("held-")).count() == 10).then_some(())
+    });
+    wait_for("every key let go", T, || {
+        (second.worker.stats().held_keys == 0).then_some(())
+    });
+    second.stop().await;
+    let s = starts.lock().unwrap().clone();
+    for k in 0..5 {
+        let key = format!("held-{k}");
+        let runs: Vec<(&str, u32)> = s
+            .iter()
+            .filter(|x| x.key == key)
+            .map(|x| (x.payload.as_str(), x.attempt))
+            .collect();
+        assert!(
+            matches!(runs[..], [("1", a), ("2", 1)] if a > 1),
+            "{key}: its retry, then the job parked behind it: {runs:?}"
+        );
+    }
+    let again: Vec<&Start> = s.iter().filter(|x| x.key.starts_with("let-go-")).collect();
+    assert!(again.is_empty(), "keys let go before ran again: {again:?}");
+}
+
+/// Whether `hay` holds `needle`.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
 /// A paced configuration: `spacing` between starts of one limiter key on
 /// the work topic, and `overrides` per limiter key.
 fn paced(

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{events, wait_for, Broker};
+use kairos::config::GroupProtocol;
 use kairos::{Config, Job, JobId, Producer};
 
 const KEYS: usize = 10_000;
@@ -79,9 +80,29 @@ fn now_nanos() -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key() {
+    workers_joining_leaving_and_killed(GroupProtocol::Classic).await;
+}
+
+/// The same under the consumer group protocol (KIP-848): the broker
+/// assigns the partitions and moves them incrementally; the group's session
+/// is 6 s (a group config, see `common::system::consumer_protocol`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_consumer_protocol_workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key()
+{
+    workers_joining_leaving_and_killed(GroupProtocol::Consumer).await;
+}
+
+/// Both protocols measure time-sensitive overlaps: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn workers_joining_leaving_and_killed(protocol: GroupProtocol) {
+    let _one = ONE_AT_A_TIME.lock().await;
     let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg: Config = common::system::config(broker, dir.path());
+    if protocol == GroupProtocol::Consumer {
+        common::system::consumer_protocol(&mut cfg).await;
+    }
     cfg.topics.work_partitions = 12;
     cfg.worker.concurrency = 64;
     cfg.worker.revocation_deadline = Duration::from_secs(10);
@@ -167,7 +188,7 @@ async fn workers_joining_leaving_and_killed_lose_nothing_and_never_overlap_a_key
     let completions = evs.iter().filter(|e| !e.start).count();
     let duplicates = completions - written.len();
     eprintln!(
-        "checked {} jobs over {KEYS} keys: 0 lost, {overlaps} overlaps, {out_of_order} out of order, \
+        "{protocol:?} protocol: checked {} jobs over {KEYS} keys: 0 lost, {overlaps} overlaps, {out_of_order} out of order, \
          {duplicates} duplicate runs (re-delivery after the kill), {unfinished_runs} runs cut by the kill",
         written.len()
     );

@@ -100,6 +100,18 @@ fn validation_rejects_out_of_range_values() {
             ..
         })
     ));
+    let mut c = Config::default();
+    c.topics.replication_factor = 3;
+    c.topics.min_insync_replicas = Some(2);
+    assert!(c.validate().is_ok());
+    c.topics.min_insync_replicas = Some(4);
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::Invalid {
+            key: "topics.min_insync_replicas",
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -47,20 +47,24 @@ pub fn read_to_end(
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "true");
     let consumer: BaseConsumer = rc.create()?;
+    let deadline = Instant::now() + timeout;
     let meta_timeout = timeout.min(Duration::from_secs(10));
     let all: Vec<i32> = match partitions {
         Some(ps) => ps.to_vec(),
-        None => consumer
-            .fetch_metadata(Some(topic), meta_timeout)?
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect(),
+        None => super::retry_until("metadata", deadline, || {
+            consumer.fetch_metadata(Some(topic), meta_timeout)
+        })?
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect(),
     };
     let mut tpl = TopicPartitionList::new();
     let mut left = HashMap::new();
     for p in all {
-        let (low, high) = consumer.fetch_watermarks(topic, p, meta_timeout)?;
+        let (low, high) = super::retry_until("watermarks", deadline, || {
+            consumer.fetch_watermarks(topic, p, meta_timeout)
+        })?;
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
             left.insert(p, high);
@@ -70,7 +74,6 @@ pub fn read_to_end(
         return Ok(());
     }
     consumer.assign(&tpl)?;
-    let deadline = Instant::now() + timeout;
     while !left.is_empty() {
         if Instant::now() > deadline {
             // A partial read would pass for the whole: say so instead.
@@ -91,6 +94,12 @@ pub fn read_to_end(
             // is never delivered as a record).
             Err(KafkaError::PartitionEOF(p)) => {
                 left.remove(&p);
+                continue;
+            }
+            // A broker lost meanwhile: librdkafka reads on from the
+            // partition's next leader; the deadline bounds the wait.
+            Err(e) if super::transient(&e) => {
+                tracing::debug!(topic, error = %e, "reading to the end");
                 continue;
             }
             Err(e) => return Err(e.into()),

@@ -151,10 +151,13 @@ pub fn catch_up(
     // Per partition still to read: (next offset, end).
     let mut todo: HashMap<i32, (i64, i64)> = HashMap::new();
     let mut tpl = TopicPartitionList::new();
+    let deadline = Instant::now() + timeout;
+    let ask = timeout.min(Duration::from_secs(10));
     for &p in partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, timeout)
-            .map_err(|e| kafka(p, e))?;
+        let (low, high) = crate::kafka::retry_until("changelog watermarks", deadline, || {
+            consumer.fetch_watermarks(topic, p, ask)
+        })
+        .map_err(|e| kafka(p, e))?;
         let mut checkpoint = store.checkpoint(p)?.changelog_next;
         // 0: the store never applied a changelog record of `p` (whatever
         // it holds came with one), so it has nothing to distrust.
@@ -194,7 +197,6 @@ pub fn catch_up(
     }
     consumer.assign(&tpl).map_err(|e| kafka(first, e))?;
     let started: HashMap<i32, i64> = todo.iter().map(|(p, (at, _))| (*p, *at)).collect();
-    let deadline = Instant::now() + timeout;
     let mut parts: HashMap<i32, Replayed> = HashMap::new();
     while let Some((&p, &(at, end))) = todo.iter().find(|(_, (at, end))| at < end) {
         if Instant::now() > deadline {
@@ -208,7 +210,16 @@ pub fn catch_up(
         let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
-        let msg = msg.map_err(|e| kafka(p, e))?;
+        let msg = match msg {
+            Ok(m) => m,
+            // A broker lost meanwhile: librdkafka reads on from the
+            // partition's next leader; the deadline bounds the wait.
+            Err(e) if crate::kafka::transient(&e) => {
+                debug!(partition = p, error = %e, "changelog catch-up");
+                continue;
+            }
+            Err(e) => return Err(kafka(p, e)),
+        };
         let p = msg.partition();
         let Some((at, _)) = todo.get_mut(&p) else {
             continue; // not assigned here

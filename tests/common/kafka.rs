@@ -2,8 +2,9 @@
 //! 127.0.0.1, each node broker and controller at once, as
 //! `docker-compose.yml` runs it, made quick for tests (no initial rebalance
 //! delay, internal topics of one partition, a small heap and few threads,
-//! a cleaner that looks every second). Compaction, session timeouts and
-//! fsync behaviour are Kafka's own.
+//! a cleaner that looks every second, consumer-protocol groups allowed the
+//! 6 s sessions classic groups are). Compaction, default session timeouts
+//! and fsync behaviour are Kafka's own.
 //!
 //! The jars come from `scripts/install-broker.sh` (`$KAIROS_KAFKA_HOME`,
 //! else its cache directory). With `KAIROS_TEST_BROKERS=host:port` set, the
@@ -459,6 +460,8 @@ share.coordinator.state.topic.num.partitions=1
 share.coordinator.state.topic.replication.factor={n}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
+group.consumer.min.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=500
 num.network.threads=2
 num.io.threads=4
 background.threads=4

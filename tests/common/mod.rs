@@ -146,16 +146,22 @@ pub fn read_n(brokers: &str, topic: &str, n: usize, timeout: Duration) -> Vec<Ow
 }
 
 /// Number of records in `topic` (sum over partitions of high minus low
-/// watermark), as the broker reports it now.
+/// watermark), as the broker reports it now. A partition whose leader was
+/// just killed is asked again until a new leader answers (the controller
+/// notices a dead broker after `broker.session.timeout.ms`, 9 s).
 pub fn record_count(brokers: &str, topic: &str) -> i64 {
     let consumer = reader(brokers, "counter", &[]);
     partitions(&consumer, topic)
         .into_iter()
         .map(|p| {
-            let (lo, hi) = consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .expect("watermarks");
-            hi - lo
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                    Ok((lo, hi)) => return hi - lo,
+                    Err(e) if Instant::now() > deadline => panic!("watermarks of {topic} [{p}]: {e}"),
+                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                }
+            }
         })
         .sum()
 }

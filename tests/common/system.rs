@@ -33,6 +33,37 @@ pub fn config(broker: &Broker, dir: &std::path::Path) -> Config {
     cfg
 }
 
+/// Switch `cfg` to the consumer group protocol of KIP-848, with the same
+/// quick failure detection as [`config`]: the session timeout and the
+/// heartbeat interval are the broker's under that protocol, so they are set
+/// as group configs (`consumer.session.timeout.ms` 6 s,
+/// `consumer.heartbeat.interval.ms` 500 ms) of the scheduler's and the
+/// workers' groups, as an operator would.
+pub async fn consumer_protocol(cfg: &mut Config) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    cfg.kafka.group_protocol = kairos::config::GroupProtocol::Consumer;
+    cfg.kafka.consumer.remove("heartbeat.interval.ms");
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .expect("admin client");
+    let groups = [cfg.scheduler.group_id.as_str(), cfg.worker.group_id.as_str()];
+    let changes: Vec<AlterConfig<'_>> = groups
+        .iter()
+        .map(|g| {
+            AlterConfig::new(ResourceSpecifier::Group(g))
+                .set("consumer.session.timeout.ms", "6000")
+                .set("consumer.heartbeat.interval.ms", "500")
+        })
+        .collect();
+    let answer = admin
+        .alter_configs(&changes, &AdminOptions::new())
+        .await
+        .expect("alter group configs");
+    assert!(answer.iter().all(|r| r.is_ok()), "group configs: {answer:?}");
+}
+
 /// A running worker (and optionally a scheduler), stopped on `stop()`.
 pub struct System {
     stop: CancellationToken,

@@ -437,9 +437,21 @@ async fn a_scheduler_killed_with_sigkill_loses_no_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_moving_between_two_instances_loses_nothing() {
+    a_partition_moving_between_two_instances(kairos::config::GroupProtocol::Classic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_moving_between_two_instances_loses_nothing_under_the_consumer_protocol() {
+    a_partition_moving_between_two_instances(kairos::config::GroupProtocol::Consumer).await;
+}
+
+async fn a_partition_moving_between_two_instances(protocol: kairos::config::GroupProtocol) {
     let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg_a = crate::common::system::config(broker, &dir.path().join("a"));
+    let mut cfg_a = crate::common::system::config(broker, &dir.path().join("a"));
+    if protocol == kairos::config::GroupProtocol::Consumer {
+        crate::common::system::consumer_protocol(&mut cfg_a).await;
+    }
     kairos::topics::init(&cfg_a).await.unwrap();
     let mut cfg_b = cfg_a.clone();
     cfg_b.scheduler.data_dir = dir.path().join("b");

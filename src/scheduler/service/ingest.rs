@@ -66,6 +66,7 @@ fn failed_for_good(consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
             let reason = format!("{code:?}: {reason}");
             Err(match code {
                 RDKafkaErrorCode::FencedInstanceId => Ended::Fenced(reason),
+                RDKafkaErrorCode::UnreleasedInstanceId => Ended::Unreleased(reason),
                 _ => Ended::Failed(fatal(&reason)),
             })
         }
@@ -83,6 +84,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
     let mut fences = Fences::default();
+    let mut unreleased = 0u32;
     let ended = loop {
         let consumer = match subscribed(shared) {
             Ok(c) => c,
@@ -103,20 +105,25 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
                     error!(reason = %reason, wait = ?wait, hint = TWIN_HINT,
                         "fenced out of the schedule topic's group again soon; joining again after a pause");
                 }
-                let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
-                if !owned.is_empty() {
-                    super::draining::Draining::revoke(shared, owned, &consumer);
+                if out_of_the_group(shared, consumer, wait) {
+                    break Ok(None);
                 }
-                drop(consumer);
-                let until = Instant::now() + wait;
-                while Instant::now() < until && !shared.stop.is_cancelled() {
-                    std::thread::sleep(
-                        Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())),
-                    );
+            }
+            Err(Ended::Unreleased(reason)) => {
+                // Under the consumer protocol (KIP-848) the broker keeps an
+                // instance id for the member that had it until its session
+                // expires: after a kill -9, this instance's own previous
+                // process. Ask again each second.
+                if unreleased == 0 {
+                    warn!(reason = %reason, hint = TWIN_HINT,
+                        "the instance id is still held by this instance's previous session (a process that ended \
+                         without leaving the group); joining again each second until the broker lets it go, after \
+                         the group's session timeout");
+                } else {
+                    debug!(reason = %reason, tries = unreleased, "instance id still held; joining again");
                 }
-                if shared.stop.is_cancelled() {
-                    // Stopped while fenced out: the partitions are let go
-                    // already, and there is no consumer left to commit with.
+                unreleased += 1;
+                if out_of_the_group(shared, consumer, Duration::from_secs(1)) {
                     break Ok(None);
                 }
             }
@@ -145,6 +152,23 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         consumer.poll(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// Let go of what `consumer` owned and drop it, then wait `wait` before
+/// joining again; true if the scheduler was stopped meanwhile (the
+/// partitions are let go already, and there is no consumer left to commit
+/// with).
+fn out_of_the_group(shared: &Arc<Shared>, consumer: BaseConsumer<Ctx>, wait: Duration) -> bool {
+    let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
+    if !owned.is_empty() {
+        super::draining::Draining::revoke(shared, owned, &consumer);
+    }
+    drop(consumer);
+    let until = Instant::now() + wait;
+    while Instant::now() < until && !shared.stop.is_cancelled() {
+        std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+    }
+    shared.stop.is_cancelled()
 }
 
 /// Fences of this member: the first joins again at once; each one soon
@@ -196,6 +220,9 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError>
 enum Ended {
     /// librdkafka gave up on the consumer: the group fenced it out.
     Fenced(String),
+    /// librdkafka gave up on the consumer: the broker refused its instance
+    /// id, still held by the member that had it before (consumer protocol).
+    Unreleased(String),
     /// Any other failure.
     Failed(SchedulerError),
 }

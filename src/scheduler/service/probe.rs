@@ -19,13 +19,11 @@ use crate::kafka;
 pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
     let mut cfg = shared.reader_config.clone();
     cfg.set("group.id", "kairos-probe");
-    let consumer: BaseConsumer = match cfg.create() {
-        Ok(c) => c,
-        Err(e) => {
-            shared.fail(format!("creating the schedule probe client: {e}"));
-            return;
-        }
+    let create = || {
+        cfg.create::<BaseConsumer>()
+            .map_err(|e| shared.fail(format!("creating the schedule probe client: {e}")))
     };
+    let Ok(mut consumer) = create() else { return };
     let topic = &shared.cfg.topics.schedule;
     let mut delay = kafka::RetryDelay::new();
     while !shared.stop.is_cancelled() {
@@ -74,6 +72,12 @@ pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
             delay = kafka::RetryDelay::new();
         } else {
             std::thread::sleep(delay.next_delay());
+            // A client with no subscription refreshes its metadata only
+            // every `topic.metadata.refresh.interval.ms` (5 minutes): after
+            // a broker was lost, its look-ups kept failing with "unknown
+            // partition" that long. A new client asks afresh.
+            let Ok(fresh) = create() else { return };
+            consumer = fresh;
         }
     }
 }

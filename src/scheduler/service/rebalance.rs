@@ -112,11 +112,14 @@ pub(super) fn reading_from(
 ) -> Result<Vec<(i64, i64)>, SchedulerError> {
     let topic = &shared.cfg.topics.schedule;
     let timeout = shared.cfg.kafka.produce_timeout;
+    let deadline = Instant::now() + shared.cfg.scheduler.rebuild_timeout;
     let mut tpl = TopicPartitionList::new();
     for p in parts {
         tpl.add_partition(topic, *p);
     }
-    let committed = consumer.committed_offsets(tpl, timeout)?;
+    let committed = kafka::retry_until("committed offsets", deadline, || {
+        consumer.committed_offsets(tpl.clone(), timeout)
+    })?;
     // Kairos's default is "earliest"; a user may choose the end.
     let resets_to_end = shared
         .cfg
@@ -132,7 +135,9 @@ pub(super) fn reading_from(
                 Some(Offset::Offset(o)) => o,
                 // Nothing committed: where `auto.offset.reset` starts.
                 _ => {
-                    let (low, high) = consumer.fetch_watermarks(topic, *p, timeout)?;
+                    let (low, high) = kafka::retry_until("schedule watermarks", deadline, || {
+                        consumer.fetch_watermarks(topic, *p, timeout)
+                    })?;
                     if resets_to_end {
                         high
                     } else {
