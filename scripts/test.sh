@@ -36,6 +36,9 @@ command -v docker-compose
 python3 -c "import confluent_kafka" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'confluent-kafka==2.16.*'
 python3 -c "import confluent_kafka; print('confluent-kafka', confluent_kafka.version())"
+# The README's kcat line is run by the tests.
+command -v kcat >/dev/null || apt_install kcat
+kcat -V 2>&1 | head -1
 # The dashboard test drives Debian's Chromium over the DevTools protocol.
 command -v chromium >/dev/null || apt_install chromium
 python3 -c "import websocket" 2>/dev/null ||

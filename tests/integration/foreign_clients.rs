@@ -1,36 +1,78 @@
 //! Clients in other languages: jobs scheduled from Python's confluent-kafka
-//! using only the documented headers fire on time, in order per key, into a
-//! Rust worker; a malformed one is dead-lettered and a Python consumer reads
-//! the dead letter with its reason.
+//! and from Java's kafka-clients, using only the documented headers, fire
+//! on time, in order per key, into a Rust worker; a malformed one is
+//! dead-lettered and a Python consumer reads the dead letter with its
+//! reason; the README's kcat line schedules a job; and Kairos, Python,
+//! Java and kcat put each key on the same partition. The README's Python
+//! and Java examples are the code these tests run.
 
-use std::collections::HashMap;
-use std::process::Command;
+use std::collections::{HashMap, HashSet};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::system::{config, run};
-use crate::common::{wait_for, Broker};
+use crate::common::{kafka, read_n, wait_for, Broker};
 use chrono::Utc;
 use kairos::worker::Outcome;
-use kairos::Job;
+use kairos::{Job, Producer};
+use rdkafka::Message as _;
 
-fn python(args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/kairos_client.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python3 (the test command installs confluent-kafka)");
-    assert!(
-        out.status.success(),
-        "python client failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/kairos_client.py");
+const JAVA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/java/ScheduleJobs.java");
+
+/// A client in another language.
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    Python,
+    Java,
+}
+
+impl Client {
+    /// Run the client with `args`; what it printed.
+    fn run(self, args: &[&str]) -> String {
+        let mut cmd = match self {
+            Client::Python => {
+                let mut c = Command::new("python3");
+                c.arg(PYTHON);
+                c
+            }
+            Client::Java => {
+                // The JDK runs the source file as it is (single-file
+                // programs); kafka-clients comes with the broker's jars.
+                let mut c = Command::new("java");
+                c.args(["-Dlog4j2.level=warn", "-cp", &kafka::kafka_classpath(), JAVA]);
+                c
+            }
+        };
+        let out = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{self:?} (the test command installs it): {e}"));
+        assert!(
+            out.status.success(),
+            "{self:?} client failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters() {
+    foreign_jobs(Client::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_producer_schedules_jobs_for_a_rust_worker() {
+    foreign_jobs(Client::Java).await;
+}
+
+/// 60 jobs over 6 keys from `client`, due 2 s from now, each key's jobs 50
+/// ms apart: each runs once, not early, in order per key, with its run-at
+/// and tenant. Python also writes a malformed job and reads its dead letter.
+async fn foreign_jobs(client: Client) {
     let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(broker, dir.path());
@@ -45,10 +87,12 @@ async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters
             Outcome::done()
         }
     });
-
-    // 60 jobs over 6 keys, due 2 s from now, each key's jobs 50 ms apart.
-    let out = python(&[
-        "produce",
+    let (mode, tenant) = match client {
+        Client::Python => ("produce", "python"),
+        Client::Java => ("jobs", "java"),
+    };
+    let out = client.run(&[
+        mode,
         &cfg.kafka.brokers,
         &cfg.topics.schedule,
         &work,
@@ -57,18 +101,18 @@ async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters
         "2000",
     ]);
     let mut expected: HashMap<String, (String, u32, i64)> = HashMap::new();
-    let mut bad = String::new();
+    let mut bad = None;
     for line in out.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         match f.as_slice() {
-            ["BAD", id] => bad = id.to_string(),
+            ["BAD", id] => bad = Some(id.to_string()),
             [id, key, seq, at] => {
                 expected.insert(
                     id.to_string(),
                     (key.to_string(), seq.parse().unwrap(), at.parse().unwrap()),
                 );
             }
-            _ => panic!("unexpected line from python: {line}"),
+            _ => panic!("unexpected line from {client:?}: {line}"),
         }
     }
     assert_eq!(expected.len(), 60);
@@ -83,18 +127,172 @@ async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters
         let (key, seq, at) = &expected[&job.id.to_string()];
         assert_eq!(job.key_lossy(), *key);
         assert_eq!(job.run_at.timestamp_millis(), *at);
-        assert_eq!(job.tenant.as_deref(), Some("python"));
+        assert_eq!(job.tenant.as_deref(), Some(tenant));
         assert!(started.timestamp_millis() >= *at, "job {} started early", job.id);
         if let Some(prev) = last_seq.insert(key.clone(), *seq) {
             assert!(prev < *seq, "key {key}: seq {seq} ran after {prev}");
         }
     }
 
-    let dead = python(&["dead", &cfg.kafka.brokers, &cfg.topics.dead_letter, "1"]);
-    let line = dead.lines().next().unwrap();
-    assert!(
-        line.starts_with(&format!("DEAD {bad} header `kairos-run-at`")),
-        "{line}"
-    );
+    if let Some(bad) = bad {
+        let dead = Client::Python.run(&["dead", &cfg.kafka.brokers, &cfg.topics.dead_letter, "1"]);
+        let line = dead.lines().next().unwrap();
+        assert!(
+            line.starts_with(&format!("DEAD {bad} header `kairos-run-at`")),
+            "{line}"
+        );
+    }
     sys.stop().await;
+}
+
+/// The README's kcat command, on this test's broker and topics, with a
+/// run-at two seconds ahead: the job runs then, its id derived from where
+/// the record sits (it names none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_kcat_line_schedules_a_job() {
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let runs: crate::common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
+    let r = runs.clone();
+    let sys = run(&cfg, true, move |job: Job, _ctx| {
+        let r = r.clone();
+        async move {
+            r.lock().unwrap().push((job, Utc::now()));
+            Outcome::done()
+        }
+    });
+    let at = kairos::job::truncate_to_millis(Utc::now() + chrono::Duration::seconds(2));
+    let line = readme_block("### With a command-line Kafka tool (kcat)", "sh")
+        .replace("localhost:9092", &cfg.kafka.brokers)
+        .replace("kairos.schedule", &cfg.topics.schedule)
+        .replace("kairos.jobs", &cfg.topics.work[0])
+        .replace(
+            "2030-01-01T09:00:00Z",
+            &at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        );
+    let out = Command::new("sh")
+        .args(["-c", &line])
+        .output()
+        .expect("kcat (the test command installs it)");
+    assert!(
+        out.status.success(),
+        "{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the job to run", Duration::from_secs(30), || {
+        (!runs.lock().unwrap().is_empty()).then_some(())
+    });
+    sys.stop().await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 1);
+    let (job, started) = &runs[0];
+    assert_eq!(
+        (job.key_lossy().as_ref(), job.payload.as_slice()),
+        ("user-42", &b"reminder"[..])
+    );
+    assert_eq!(job.run_at, at);
+    assert!(*started >= at, "ran early");
+}
+
+/// Kairos's producer, the README's Python and Java producers and its kcat
+/// flags write 200 keys to a topic of 12 partitions: each key's four
+/// records are on one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kairos_python_java_and_kcat_put_a_key_on_the_same_partition() {
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(broker, dir.path());
+    cfg.topics.work_partitions = 12;
+    kairos::topics::init(&cfg).await.unwrap();
+    let topic = cfg.topics.work[0].clone();
+    let keys: Vec<String> = (0..200).map(|i| format!("entity-{i}")).collect();
+    let producer = Producer::new(&cfg).unwrap();
+    for k in &keys {
+        producer
+            .enqueue(Job::new(&topic, k.as_str(), b"x".to_vec()))
+            .await
+            .unwrap();
+    }
+    let mut args = vec!["keys", cfg.kafka.brokers.as_str(), topic.as_str()];
+    args.extend(keys.iter().map(String::as_str));
+    for client in [Client::Python, Client::Java] {
+        let out = client.run(&args);
+        assert_eq!(out.lines().count(), keys.len(), "{client:?}: {out}");
+    }
+    let input: String = keys.iter().map(|k| format!("{k}:x\n")).collect();
+    let mut kcat = Command::new("kcat")
+        .args(["-P", "-b", &cfg.kafka.brokers, "-t", &topic, "-K:"])
+        .args(["-X", "partitioner=murmur2_random", "-H", "kairos-client=kcat"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("kcat (the test command installs it)");
+    use std::io::Write as _;
+    kcat.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    assert!(kcat.wait().unwrap().success());
+
+    let records = read_n(
+        &cfg.kafka.brokers,
+        &topic,
+        4 * keys.len(),
+        Duration::from_secs(30),
+    );
+    let mut partitions: HashMap<Vec<u8>, HashSet<i32>> = HashMap::new();
+    for m in &records {
+        partitions
+            .entry(m.key().unwrap().to_vec())
+            .or_default()
+            .insert(m.partition());
+    }
+    let split: Vec<_> = partitions.iter().filter(|(_, ps)| ps.len() > 1).collect();
+    assert!(split.is_empty(), "keys on more than one partition: {split:?}");
+    let used: HashSet<i32> = partitions.values().flatten().copied().collect();
+    assert!(used.len() > 6, "200 keys spread over the partitions: {used:?}");
+}
+
+/// The README's Python and Java examples are the marked parts of the
+/// clients the tests run.
+#[test]
+fn the_readme_shows_the_python_and_java_code_the_tests_run() {
+    for (file, heading, lang) in [
+        (PYTHON, "### Scheduling a job from Python", "python"),
+        (JAVA, "### Scheduling a job from Java", "java"),
+    ] {
+        let source = std::fs::read_to_string(file).unwrap();
+        let lines: Vec<&str> = source
+            .lines()
+            .skip_while(|l| !l.contains("README:begin"))
+            .skip(1)
+            .take_while(|l| !l.contains("README:end"))
+            .collect();
+        // As the README shows it: without the indentation it has in its class.
+        let indent = lines
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.len() - l.trim_start().len())
+            .min()
+            .unwrap_or(0);
+        let marked: String = lines
+            .iter()
+            .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+            .collect();
+        assert!(marked.lines().count() > 5, "{file} marks its README part");
+        let block = readme_block(heading, lang);
+        assert!(
+            block.contains(marked.trim_matches('\n')),
+            "the README's {lang} example under {heading:?} is not the marked part of {file}"
+        );
+    }
+}
+
+/// The first fenced `lang` block after `heading` in the README.
+fn readme_block(heading: &str, lang: &str) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = &readme[readme
+        .find(heading)
+        .unwrap_or_else(|| panic!("README has {heading:?}"))..];
+    let start = after.find(&format!("```{lang}\n")).expect("a code block") + lang.len() + 4;
+    let end = after[start..].find("```").expect("the block's end");
+    after[start..start + end].to_string()
 }

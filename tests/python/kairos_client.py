@@ -1,10 +1,15 @@
-"""A Kairos client in Python, using only the documented wire contract.
+"""A Kairos client in Python, using only the documented wire contract. The
+part between the README markers is the README's Python example.
 
     python3 kairos_client.py produce BROKERS SCHEDULE_TOPIC WORK_TOPIC N KEYS DELAY_MS
         Schedules N jobs over KEYS keys, due DELAY_MS from now (each key's jobs
         50 ms apart, in order), through the schedule topic, with the headers the
         README documents. Prints one line per job: "ID KEY SEQ RUN_AT_MS".
         Also writes one malformed job (garbage run-at) and prints "BAD ID".
+
+    python3 kairos_client.py keys BROKERS TOPIC KEY...
+        Writes one record per key to TOPIC, keyed, with the header
+        kairos-client=python, and prints "KEY PARTITION" for each.
 
     python3 kairos_client.py dead BROKERS DEAD_TOPIC N
         Reads N records from the dead-letter topic and prints
@@ -17,32 +22,56 @@ import uuid
 from confluent_kafka import Consumer, Producer
 
 
-def produce(brokers, schedule, work, n, keys, delay_ms):
-    p = Producer({
+# README:begin
+def producer(brokers):
+    return Producer({
         "bootstrap.servers": brokers,
         "enable.idempotence": True,
+        # Hash keys with murmur2 as Java and Kairos do (librdkafka's default
+        # differs): a key's jobs land on the same partition.
         "partitioner": "murmur2_random",
     })
+
+
+def schedule(p, schedule_topic, work_topic, key, payload, run_at_ms):
+    """Schedule a job through schedule_topic: payload runs on work_topic at run_at_ms."""
+    job_id = str(uuid.uuid4())  # the job id: handlers deduplicate on it
+    p.produce(schedule_topic, key=key, value=payload, headers=[
+        ("kairos-id", job_id),
+        ("kairos-run-at", str(run_at_ms)),  # epoch milliseconds (or RFC 3339)
+        ("kairos-topic", work_topic),
+        ("kairos-tenant", "python"),
+    ])
+    return job_id
+# README:end
+
+
+def produce(brokers, schedule_topic, work, n, keys, delay_ms):
+    p = producer(brokers)
     base = int(time.time() * 1000) + delay_ms
     for i in range(n):
         key = f"py-{i % keys}"
         seq = i // keys
-        job_id = str(uuid.uuid4())
         run_at = base + seq * 50
-        p.produce(schedule, key=key, value=f"from python {i}".encode(), headers=[
-            ("kairos-id", job_id),
-            ("kairos-run-at", str(run_at)),
-            ("kairos-topic", work),
-            ("kairos-tenant", "python"),
-        ])
+        job_id = schedule(p, schedule_topic, work, key, f"from python {i}".encode(), run_at)
         print(job_id, key, seq, run_at)
     bad = str(uuid.uuid4())
-    p.produce(schedule, key="py-bad", value=b"bad", headers=[
+    p.produce(schedule_topic, key="py-bad", value=b"bad", headers=[
         ("kairos-id", bad),
         ("kairos-run-at", "in a while"),
         ("kairos-topic", work),
     ])
     print("BAD", bad)
+    if p.flush(30) != 0:
+        sys.exit("not every record was acknowledged")
+
+
+def keys(brokers, topic, names):
+    p = producer(brokers)
+    for k in names:
+        p.produce(topic, key=k, value=b"x", headers=[("kairos-client", "python")],
+                  on_delivery=lambda err, m: print(m.key().decode(), m.partition()) if err is None
+                  else sys.exit(f"{m.key()}: {err}"))
     if p.flush(30) != 0:
         sys.exit("not every record was acknowledged")
 
@@ -74,5 +103,7 @@ if __name__ == "__main__":
         produce(args[0], args[1], args[2], int(args[3]), int(args[4]), int(args[5]))
     elif cmd == "dead":
         dead(args[0], args[1], int(args[2]))
+    elif cmd == "keys":
+        keys(args[0], args[1], args[2:])
     else:
         sys.exit(f"unknown command {cmd}")
