@@ -14,7 +14,7 @@ FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --home /var/lib/kairos kairos \
-    && mkdir -p /var/lib/kairos && chown kairos /var/lib/kairos
+    && mkdir -p /var/lib/kairos/scheduler && chown -R kairos /var/lib/kairos
 COPY --from=build /src/target/release/kairos /usr/local/bin/kairos
 COPY config /etc/kairos
 USER kairos

@@ -11,6 +11,7 @@ mod admin;
 mod apply_lanes;
 mod bad_input;
 mod changelog_order;
+mod compose;
 mod contract;
 mod dashboard;
 mod dlq;
