@@ -1,5 +1,5 @@
-//! Fair dispatch (`[fair]`) against a real broker (nisshi, as in the
-//! integration tests): what a fair topic costs in throughput, what it buys a
+//! Fair dispatch (`[fair]`) against Apache Kafka (as in the integration
+//! tests): what a fair topic costs in throughput, what it buys a
 //! small tenant under a flood, and the scheduler's memory with millions of
 //! fair jobs waiting. Every figure is set against its baseline measured in
 //! the same run (the machine is small and shared: read the ratios first).
@@ -11,16 +11,12 @@
 //!   KAIROS_BENCH_MEM_JOBS=1000000 KAIROS_BENCH_MEM_TENANTS=10000 cargo bench --bench fair_dispatch
 //! ```
 //!
-//! The broker binary comes from `$KAIROS_NISSHI_BIN` (what
+//! The broker's jars come from `$KAIROS_KAFKA_HOME` (what
 //! `scripts/install-broker.sh` prints) or the install script's cache. Each
 //! case runs on a fresh broker, fresh topics (3 schedule, 3 work
 //! partitions) and, on a fair topic, a scheduler with its own store under
 //! `$KAIROS_BENCH_DIR` (else /tmp). Shipped settings (`[fair]`
-//! `backlog_target` 1000, `poll_interval` 30 ms, `scheduler.window` 60 s),
-//! except that every consumer waits at most `fetch.wait.max.ms` = 10 ms
-//! (`KAIROS_BENCH_FETCH_WAIT_MS`) for a fetch: the test broker answers
-//! fetches in bursts rather than as soon as data arrives, as Kafka does
-//! (the same setting as `scheduler_e2e`), on the plain and the fair side alike.
+//! `backlog_target` 1000, `poll_interval` 30 ms, `scheduler.window` 60 s).
 //!
 //! **1. Throughput** (`KAIROS_BENCH_N` or the first numeric argument, N =
 //! 50,000). The same N jobs, due now, 100 tenants round-robin, 10,000
@@ -196,10 +192,6 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_POLL_MS").map(|v| v.parse()) {
         cfg.fair.poll_interval = Duration::from_millis(ms);
     }
-    let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).to_string();
-    cfg.kafka
-        .consumer
-        .insert("fetch.wait.max.ms".into(), wait.as_str().into());
     cfg
 }
 
@@ -1108,7 +1100,9 @@ fn main() {
     );
     let rt = runtime();
     println!(
-        "fair_dispatch: nisshi broker, {} cores, 3 schedule / 3 work partitions, [fair] backlog_target {}, backlog_time {}",
+        "fair_dispatch: Apache Kafka {} (KRaft, one node, a fresh one per case, classic group protocol), {} cores, \
+         3 schedule / 3 work partitions, [fair] backlog_target {}, backlog_time {}",
+        common::kafka::KAFKA_VERSION,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::env::var("KAIROS_BENCH_BACKLOG_TARGET").unwrap_or_else(|_| "1000 (shipped)".into()),
         std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS")

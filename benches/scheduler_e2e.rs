@@ -1,4 +1,4 @@
-//! End to end through a real broker (nisshi, as in the integration tests):
+//! End to end through Apache Kafka (as in the integration tests):
 //! the scheduler's throughput and its lateness, each against the broker's
 //! raw pipe measured in the same run.
 //!
@@ -11,7 +11,6 @@
 //! KAIROS_BENCH_ONLY=drain cargo bench --bench scheduler_e2e        # raw, drain and durable rounds only
 //! KAIROS_BENCH_LEAD_SECS=30 cargo bench --bench scheduler_e2e      # durable round: run-at 30 s after the first write
 //! KAIROS_BENCH_DURABLE_FIRST=1 cargo bench --bench scheduler_e2e    # durable round: jobs written before the scheduler starts
-//! KAIROS_BENCH_FETCH_WAIT_MS=2 cargo bench --bench scheduler_e2e    # the scheduler's fetch.wait.max.ms (10)
 //! KAIROS_BENCH_LATENESS_LEAD_MS=12000 cargo bench --bench scheduler_e2e  # lateness: jobs written 12 s ahead (2 s)
 //! KAIROS_BENCH_INGEST_BATCH=8000 KAIROS_BENCH_READ_AHEAD=8000 cargo bench --bench scheduler_e2e  # ingest_batch, queued.min.messages
 //! ```
@@ -288,11 +287,7 @@ fn reader_from(brokers: &str, topic: &str, target: usize, deadline: Instant, emp
     let brokers = brokers.to_string();
     let topic = topic.to_string();
     let done = std::thread::spawn(move || {
-        let consumer = common::reader(
-            &brokers,
-            "bench-reader",
-            &[("enable.partition.eof", "false"), ("fetch.wait.max.ms", "10")],
-        );
+        let consumer = common::reader(&brokers, "bench-reader", &[("enable.partition.eof", "false")]);
         for p in common::assign_from_start(&consumer, &topic) {
             // Connect to the partition's leader before the clock starts.
             consumer
@@ -402,16 +397,6 @@ fn start_scheduler(rt: &tokio::runtime::Runtime, broker: &Broker, rule: Rule) ->
 fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
     let mut cfg = broker.config();
     cfg.scheduler.group_id = common::unique("bench-sched");
-    // The test broker answers a fetch in bursts (about every 250 ms under a
-    // steady stream) rather than as soon as data arrives, as Kafka does; the
-    // readers here wait at most 10 ms, and so does the scheduler's consumer.
-    // The scheduler reads its partitions up to a job's run-at before firing
-    // it, so its read delay is part of the fire time
-    // (`KAIROS_BENCH_FETCH_WAIT_MS` sets the scheduler's wait).
-    let wait = env_u64("KAIROS_BENCH_FETCH_WAIT_MS", 10).max(1);
-    cfg.kafka
-        .consumer
-        .insert("fetch.wait.max.ms".into(), wait.to_string().as_str().into());
     cfg.scheduler.admin.listen = Some("127.0.0.1:0".parse().expect("address"));
     rt.block_on(kairos::topics::init(&cfg)).expect("topics");
     cfg
@@ -527,11 +512,7 @@ fn throughput_relay(rt: &tokio::runtime::Runtime, broker: &Broker, bodies: &Bodi
     let producer_cfg = kairos::kafka::producer_config(&cfg.kafka, "kairos-bench-relay");
     let (ready_tx, ready_rx) = mpsc::channel();
     let relay = std::thread::spawn(move || {
-        let consumer = common::reader(
-            &brokers,
-            "bench-relay",
-            &[("enable.partition.eof", "false"), ("fetch.wait.max.ms", "10")],
-        );
+        let consumer = common::reader(&brokers, "bench-relay", &[("enable.partition.eof", "false")]);
         common::assign_from_start(&consumer, &input);
         let producer: FutureProducer = producer_cfg.create().expect("relay producer");
         producer
@@ -958,9 +939,9 @@ fn main() {
     let rt = runtime();
     let broker = Broker::own();
     println!(
-        "scheduler_e2e: broker nisshi on {}, {} cores, {PAYLOAD_BYTES}-byte payloads, 36-char keys, \
+        "scheduler_e2e: {}, classic group protocol, {} cores, {PAYLOAD_BYTES}-byte payloads, 36-char keys, \
          3 schedule / 3 work partitions, default scheduler settings",
-        broker.bootstrap(),
+        broker.describe(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
 

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Per case (P = 0, then P):
-//! 1. Topics on a real broker (nisshi, as in the integration tests); the
+//! 1. Topics on Apache Kafka (as in the integration tests); the
 //!    scheduler's sled store pre-filled directly with `Store::apply`: P jobs
 //!    (36-char keys, 100-byte payloads) with run-ats uniform over the 30 days
 //!    starting 30 days from now, spread round-robin over the schedule
@@ -226,7 +226,7 @@ fn watch(cfg: &Config) -> Watcher {
     let brokers = cfg.kafka.brokers.clone();
     let topic = cfg.topics.work[0].clone();
     let done = std::thread::spawn(move || {
-        let consumer = common::reader(&brokers, "bench-watch", &[("fetch.wait.max.ms", "10")]);
+        let consumer = common::reader(&brokers, "bench-watch", &[]);
         common::assign_from_start(&consumer, &topic);
         while !st.load(Ordering::Relaxed) {
             let Some(m) = consumer.poll(Duration::from_millis(20)) else {
@@ -685,8 +685,8 @@ fn main() {
     let broker = Broker::own();
     println!(
         "scheduler_restart: P = {p} pending, {rounds} kill -9 + restart rounds per membership setting, \
-         broker nisshi on {}, {} cores, 3 schedule partitions, `kairos scheduler` = {}",
-        broker.bootstrap(),
+         {}, classic group protocol, {} cores, 3 schedule partitions, `kairos scheduler` = {}",
+        broker.describe(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         env!("CARGO_BIN_EXE_kairos"),
     );

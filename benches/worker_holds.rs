@@ -1,5 +1,6 @@
 //! What holding keys costs the worker (`on_failure = "hold_key"`), each
-//! figure against its baseline in the same run, on the nisshi test broker.
+//! figure against its baseline in the same run, on Apache Kafka (the test
+//! broker, `tests/common/kafka.rs`).
 //!
 //! ```text
 //! cargo bench --bench worker_holds                 # N = 50,000 jobs (500,000 failing); 100,000 keys held
@@ -368,6 +369,11 @@ fn main() {
         return memory_child(&rt, &json);
     }
     let broker = Broker::own();
+    println!(
+        "worker_holds: {}, classic group protocol, {} cores",
+        broker.describe(),
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
     let mut ok = true;
     if only.is_empty() || only == "none" {
         println!("no failures: {n} jobs over {KEYS} keys, no-op handler, concurrency {CONCURRENCY}");

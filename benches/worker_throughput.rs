@@ -1,5 +1,5 @@
-//! Worker throughput against a real broker (the nisshi test broker that
-//! `tests/common` starts on a free port), each number against its baseline
+//! Worker throughput against Apache Kafka (the test broker that
+//! `tests/common` starts on free ports), each number against its baseline
 //! measured in the same run, since the machine is small and shared.
 //!
 //! ```text
@@ -137,7 +137,7 @@ impl Args {
 
 /// librdkafka consumer settings for the Kairos workers from
 /// `$KAIROS_BENCH_WORKER_CONSUMER` (`key=value,key=value`; none by default),
-/// for experiments such as `fetch.wait.max.ms=10`.
+/// for experiments such as `queued.min.messages=1000000`.
 fn worker_consumer_overrides(cfg: &mut Config) -> Vec<String> {
     let spec = std::env::var("KAIROS_BENCH_WORKER_CONSUMER").unwrap_or_default();
     let mut applied = Vec::new();
@@ -755,7 +755,7 @@ fn main() {
         .expect("tokio runtime");
     let broker = Broker::own();
     println!(
-        "worker_throughput: {}, {} cores",
+        "worker_throughput: {}, classic group protocol, {} cores",
         broker.describe(),
         std::thread::available_parallelism().map_or(0, usize::from)
     );

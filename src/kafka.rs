@@ -270,8 +270,8 @@ async fn enqueue_record(
 
 /// Ask `producer`'s cluster for the metadata of `topic`, so that its first
 /// writes to it do not wait for librdkafka to look it up (on a cold producer
-/// that wait held the first fires after a start back by most of a second on
-/// the test broker). Only for a topic known to exist: a producer's metadata
+/// that wait held the first fires after a start back by up to most of a
+/// second). Only for a topic known to exist: a producer's metadata
 /// request may auto-create a topic on brokers that allow it.
 pub async fn warm_up(producer: &FutureProducer, topic: &str, timeout: std::time::Duration) {
     use rdkafka::producer::Producer as _;

@@ -475,6 +475,9 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     // Faults, each once some progress has been made since the last one.
     let mut log = Vec::new();
     let mut fault_times: Vec<u128> = Vec::new();
+    // Each fault's time and kind, to put each duplicate down to the fault
+    // before it.
+    let mut kinds: Vec<(u128, &'static str)> = Vec::new();
     let broker_restart_at = cycles / 2;
     let mut down: Option<usize> = None;
     for cycle in 0..cycles {
@@ -495,12 +498,14 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                 Some(node) => {
                     broker.restart(node);
                     log.push(format!("broker {node} restarted"));
+                    kinds.push((now_nanos(), "broker restarted"));
                 }
                 None => {
                     let node = busiest_leader(&broker, &cfg);
                     broker.kill(node);
                     down = Some(node);
                     log.push(format!("broker {node} (leader) kill -9"));
+                    kinds.push((now_nanos(), "leader broker kill -9"));
                 }
             }
             continue;
@@ -509,6 +514,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
             broker.kill(0);
             broker.restart(0);
             log.push("broker kill -9 + restart".to_string());
+            kinds.push((now_nanos(), "broker kill -9 + restart"));
             continue;
         }
         match rng.gen_range(0..3) {
@@ -517,23 +523,27 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                 let (pid, at) = schedulers[i].kill9_and_restart();
                 deaths.insert(pid, at);
                 log.push(format!("scheduler {i} kill -9"));
+                kinds.push((at, "scheduler kill -9"));
             }
             1 => {
                 let i = rng.gen_range(0..workers.len());
                 let (pid, at) = workers[i].kill9_and_restart();
                 deaths.insert(pid, at);
                 log.push(format!("worker {i} kill -9"));
+                kinds.push((at, "worker kill -9"));
             }
             _ => {
                 let i = rng.gen_range(0..workers.len());
                 workers[i].terminate_and_restart();
                 log.push(format!("worker {i} SIGTERM + restart"));
+                kinds.push((now_nanos(), "worker SIGTERM + restart"));
             }
         }
     }
     if let Some(node) = down.take() {
         broker.restart(node);
         log.push(format!("broker {node} restarted"));
+        kinds.push((now_nanos(), "broker restarted"));
     }
     eprintln!("faults injected: {log:?}");
     let run_at = writer.await.expect("job writer");
@@ -574,6 +584,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     let mut early_fires = 0;
     let mut parked_copies = 0;
     let mut work_copies: HashMap<JobId, usize> = HashMap::new();
+    let mut copy_times: HashMap<(JobId, u32), Vec<u128>> = HashMap::new();
     let mut first_write: HashMap<String, Vec<JobId>> = HashMap::new();
     let mut by_partition: Vec<_> = records.iter().collect();
     by_partition.sort_by_key(|m| (m.partition(), m.offset()));
@@ -590,6 +601,10 @@ async fn crash_suite(mode: Mode, faults: Faults) {
             parked_copies += 1;
             continue;
         }
+        copy_times
+            .entry((job.id, job.attempt))
+            .or_default()
+            .push(m.timestamp().to_millis().unwrap_or(0) as u128 * 1_000_000);
         let c = work_copies.entry(job.id).or_insert(0);
         *c += 1;
         if *c == 1 && job.attempt == 1 {
@@ -680,6 +695,27 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     }
     let fire_duplicates: usize = work_copies.values().map(|c| c.saturating_sub(1)).sum::<usize>()
         - fails.values().map(|f| *f as usize).sum::<usize>();
+    // Each duplicate (a second fire or start of one attempt of a job) put
+    // down to the fault before it.
+    let mut start_times: HashMap<(JobId, u32), Vec<u128>> = HashMap::new();
+    for e in events_now.iter().filter(|e| e.start) {
+        start_times.entry((e.id, e.attempt)).or_default().push(e.nanos);
+    }
+    eprintln!("duplicates by the fault before them (kind: faults, extra fires, extra runs):");
+    let fires_by = by_fault(&kinds, &copy_times);
+    let runs_by = by_fault(&kinds, &start_times);
+    let mut names: Vec<&str> = kinds.iter().map(|(_, k)| *k).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.push("before the first fault");
+    for k in names {
+        let n = kinds.iter().filter(|(_, x)| *x == k).count();
+        eprintln!(
+            "  {k}: {n}, {}, {}",
+            fires_by.get(k).unwrap_or(&0),
+            runs_by.get(k).unwrap_or(&0)
+        );
+    }
     let runs = events_now.iter().filter(|e| e.start).count();
     let run_duplicates = runs - total - fails.values().map(|f| *f as usize).sum::<usize>();
     eprintln!(
@@ -703,6 +739,26 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
     drop(broker);
+}
+
+/// How many of the times in `seen` beyond the first of each entry (the
+/// duplicates) came after each kind of fault in `kinds` (the last fault
+/// before the duplicate's time).
+fn by_fault<K>(kinds: &[(u128, &'static str)], seen: &HashMap<K, Vec<u128>>) -> HashMap<&'static str, usize> {
+    let mut out = HashMap::new();
+    for times in seen.values() {
+        let mut times = times.clone();
+        times.sort_unstable();
+        for t in times.iter().skip(1) {
+            let kind = kinds
+                .iter()
+                .filter(|(at, _)| at <= t)
+                .max_by_key(|(at, _)| *at)
+                .map_or("before the first fault", |(_, k)| k);
+            *out.entry(kind).or_insert(0) += 1;
+        }
+    }
+    out
 }
 
 /// The node leading the most partitions of the schedule and work topics.
