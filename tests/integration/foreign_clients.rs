@@ -10,8 +10,8 @@ use std::collections::{HashMap, HashSet};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::system::{config, run};
-use crate::common::{kafka, read_n, wait_for, Broker};
+use crate::common::system::{config, run, System};
+use crate::common::{kafka, read_n, wait_for, Broker, Recorded};
 use chrono::Utc;
 use kairos::worker::Outcome;
 use kairos::{Job, Producer};
@@ -59,6 +59,21 @@ impl Client {
     }
 }
 
+/// A scheduler and a worker on `cfg` whose handler records each job it
+/// runs, with when it started.
+fn recording(cfg: &kairos::Config) -> (Recorded<(Job, chrono::DateTime<Utc>)>, System) {
+    let runs: Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
+    let r = runs.clone();
+    let sys = run(cfg, true, move |job: Job, _ctx| {
+        let r = r.clone();
+        async move {
+            r.lock().unwrap().push((job, Utc::now()));
+            Outcome::done()
+        }
+    });
+    (runs, sys)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters() {
     foreign_jobs(Client::Python).await;
@@ -78,15 +93,7 @@ async fn foreign_jobs(client: Client) {
     let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
-    let runs: crate::common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
-    let r = runs.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let r = r.clone();
-        async move {
-            r.lock().unwrap().push((job, Utc::now()));
-            Outcome::done()
-        }
-    });
+    let (runs, sys) = recording(&cfg);
     let (mode, tenant) = match client {
         Client::Python => ("produce", "python"),
         Client::Java => ("jobs", "java"),
@@ -154,15 +161,7 @@ async fn the_readme_kcat_line_schedules_a_job() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
-    let runs: crate::common::Recorded<(Job, chrono::DateTime<Utc>)> = Default::default();
-    let r = runs.clone();
-    let sys = run(&cfg, true, move |job: Job, _ctx| {
-        let r = r.clone();
-        async move {
-            r.lock().unwrap().push((job, Utc::now()));
-            Outcome::done()
-        }
-    });
+    let (runs, sys) = recording(&cfg);
     let at = kairos::job::truncate_to_millis(Utc::now() + chrono::Duration::seconds(2));
     let line = readme_block("### With a command-line Kafka tool (kcat)", "sh")
         .replace("localhost:9092", &cfg.kafka.brokers)
