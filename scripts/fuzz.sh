@@ -11,7 +11,7 @@
 #   scripts/fuzz.sh 60 decode_record
 #
 # cargo-fuzz needs a nightly toolchain: it is installed through rustup if
-# missing, as scripts/install-broker.sh does. cargo-fuzz itself and the fuzz
+# missing. cargo-fuzz itself and the fuzz
 # build (which compiles librdkafka again, with sanitizer flags: several
 # minutes on 2 cores the first time) are cached outside the repository
 # (default ~/.cache/kairos, KAIROS_CACHE_DIR moves it), so later runs only

@@ -118,9 +118,12 @@ pub async fn run(
     cfg.worker.max_attempts = 3;
     cfg.worker.backoff_base = Duration::from_millis(500);
     cfg.worker.concurrency = 32;
-    cfg.kafka
-        .consumer
-        .insert("session.timeout.ms".into(), "6000".into());
+    if cfg.kafka.group_protocol == crate::config::GroupProtocol::Classic {
+        // Under the consumer protocol the broker keeps the session.
+        cfg.kafka
+            .consumer
+            .insert("session.timeout.ms".into(), "6000".into());
+    }
     // A second work topic, dispatched fairly across tenants.
     let fair_topic = format!(
         "{}.fair",

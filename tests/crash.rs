@@ -21,6 +21,9 @@
 //! `KAIROS_CRASH_TIMELINE=1` prints, for the first keys whose order broke in
 //! hold-key mode, every start and end of their jobs with the fault times.
 //! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
+//! `KAIROS_CRASH_FAULTS` draws the process faults from the kinds named only
+//! (`scheduler-kill`, `worker-kill`, `worker-restart`; no broker restart),
+//! to measure each kind's duplicates alone;
 //! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
 //! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
 //!
@@ -347,6 +350,19 @@ impl Mode {
 async fn crash_suite(mode: Mode, faults: Faults) {
     let _one = ONE_AT_A_TIME.lock().await;
     let soak = std::env::var("KAIROS_SOAK").is_ok_and(|v| v == "1");
+    // One kind of process fault only, to measure its duplicates alone (and
+    // no broker restart): `KAIROS_CRASH_FAULTS=scheduler-kill`,
+    // `worker-kill` or `worker-restart` (comma-separated for several).
+    let only_kinds: Option<Vec<u32>> = std::env::var("KAIROS_CRASH_FAULTS").ok().map(|v| {
+        v.split(',')
+            .map(|k| match k.trim() {
+                "scheduler-kill" => 0,
+                "worker-kill" => 1,
+                "worker-restart" => 2,
+                other => panic!("KAIROS_CRASH_FAULTS: unknown fault `{other}`"),
+            })
+            .collect()
+    });
     let cycles: usize = std::env::var("KAIROS_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -478,8 +494,15 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     // Each fault's time and kind, to put each duplicate down to the fault
     // before it.
     let mut kinds: Vec<(u128, &'static str)> = Vec::new();
-    let broker_restart_at = cycles / 2;
+    let broker_restart_at = if only_kinds.is_some() {
+        usize::MAX
+    } else {
+        cycles / 2
+    };
     let mut down: Option<usize> = None;
+    // Which process faults to draw from: 0 scheduler SIGKILL, 1 worker
+    // SIGKILL, 2 worker SIGTERM + restart.
+    let kinds_allowed: Vec<u32> = only_kinds.clone().unwrap_or_else(|| vec![0, 1, 2]);
     for cycle in 0..cycles {
         let target = (total * (cycle + 1)) / (cycles + 2);
         wait_for("progress before the next fault", Duration::from_secs(180), || {
@@ -517,7 +540,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
             kinds.push((now_nanos(), "broker kill -9 + restart"));
             continue;
         }
-        match rng.gen_range(0..3) {
+        match kinds_allowed[rng.gen_range(0..kinds_allowed.len())] {
             0 => {
                 let i = rng.gen_range(0..schedulers.len());
                 let (pid, at) = schedulers[i].kill9_and_restart();

@@ -14,6 +14,7 @@ mod changelog_order;
 mod compose;
 mod contract;
 mod dashboard;
+mod demo;
 mod dlq;
 mod fencing;
 mod foreign_clients;
