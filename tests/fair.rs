@@ -182,6 +182,22 @@ async fn write_small(producer: &Producer, topic: &str) -> HashMap<(String, u64),
     written
 }
 
+/// The most flood jobs started between a small-tenant job's write and its
+/// first start: the flood jobs that went ahead of it.
+fn most_flood_ahead(starts: &[Start], written: &HashMap<(String, u64), Instant>) -> usize {
+    let flood: Vec<Instant> = starts
+        .iter()
+        .filter(|s| s.tenant == "flood")
+        .map(|s| s.at)
+        .collect();
+    let between = |from: Instant, to: Instant| flood.iter().filter(|at| **at > from && **at < to).count();
+    waits(starts, written)
+        .into_iter()
+        .map(|(job, wait)| between(written[job], written[job] + wait))
+        .max()
+        .unwrap_or_default()
+}
+
 /// The longest wait from write to first start of the small tenants' jobs.
 fn longest_wait(starts: &[Start], written: &HashMap<(String, u64), Instant>) -> Duration {
     waits(starts, written)
@@ -251,6 +267,7 @@ async fn a_flooding_tenant_does_not_hold_back_the_others_on_a_fair_topic_but_doe
         *round = (*round).max(w.as_millis());
     }
     println!("fair topic: longest wait of each round of small-tenant jobs, ms: {by_round:?}");
+    let fair_ahead = most_flood_ahead(&fair_starts, &written);
     assert_all_started_in_key_order(&fair_starts, &[("flood", FLOOD)]);
     for t in 0..SMALL_TENANTS {
         assert_all_started_in_key_order(&fair_starts, &[(&format!("small{t}"), SMALL_JOBS)]);
@@ -282,13 +299,22 @@ async fn a_flooding_tenant_does_not_hold_back_the_others_on_a_fair_topic_but_doe
     );
     sys.stop().await;
     let plain_wait = longest_wait(&starts.lock().unwrap(), &written);
+    let plain_ahead = most_flood_ahead(&starts.lock().unwrap(), &written);
     println!(
-        "longest wait of {SMALL_TENANTS} small tenants' jobs behind a {FLOOD}-job flood: fair topic {fair_wait:?}, plain topic {plain_wait:?}"
+        "longest wait of {SMALL_TENANTS} small tenants' jobs behind a {FLOOD}-job flood: fair topic {fair_wait:?}, plain topic {plain_wait:?}; \
+         most flood jobs started while a small tenant's job waited: fair topic {fair_ahead}, plain topic {plain_ahead}"
     );
-    assert!(fair_wait <= Duration::from_secs(2), "fair topic: {fair_wait:?}");
+    // Not held back: fewer than a tenth of the flood's jobs started
+    // between a small-tenant job's write and its start (what comes ahead of
+    // it is the scheduler's read of the flood's records, written before it). How long that takes on this
+    // machine is measured by benches/fair_dispatch.rs, not here.
     assert!(
-        plain_wait > fair_wait,
-        "the plain topic should show the flood's wait (else the test measures nothing): {plain_wait:?}"
+        fair_ahead <= FLOOD / 10,
+        "fair topic: {fair_ahead} flood jobs started while a small tenant's job waited"
+    );
+    assert!(
+        plain_ahead >= FLOOD * 9 / 10,
+        "the plain topic should put the small tenants behind the flood (else the test measures nothing): {plain_ahead}"
     );
 }
 
