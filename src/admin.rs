@@ -8,7 +8,8 @@
 //! address needs a bearer token (`token`, or the environment variable
 //! `KAIROS_SCHEDULER__ADMIN__TOKEN` / `KAIROS_WORKER__ADMIN__TOKEN`), and a
 //! request without `Authorization: Bearer <token>` is refused with 401.
-//! With a token set, every path needs it, on loopback too.
+//! With a token set, every path needs it, on loopback too, except the
+//! dashboard's own files (`/`, `/page.js`, `/page.css`), which hold no data.
 
 mod metrics;
 
@@ -47,8 +48,8 @@ pub trait Source: Send + Sync + 'static {
     fn pending_by_topic(&self) -> Result<serde_json::Value, String> {
         Err("no pending jobs here".into())
     }
-    /// The dashboard page served at `/`, if this process has one.
-    fn page(&self) -> Option<&'static str> {
+    /// The dashboard served at `/`, if this process has one.
+    fn page(&self) -> Option<Page> {
         None
     }
     /// The dead-letter topic's records, newest last (answers `GET /dlq`).
@@ -60,6 +61,26 @@ pub trait Source: Send + Sync + 'static {
         Err("no dead letters here".into())
     }
 }
+
+/// A dashboard: a page, its script and its style sheet, served at `/`,
+/// `/page.js` and `/page.css`. They hold no data (the script reads the
+/// JSON endpoints), so they are served without the token; the page's
+/// Content-Security-Policy lets only these files run or style it.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    /// The HTML, with no inline script or style.
+    pub html: &'static str,
+    /// The script (`/page.js`).
+    pub script: &'static str,
+    /// The style sheet (`/page.css`).
+    pub style: &'static str,
+}
+
+/// The policy sent with every answer: nothing runs, loads or styles but
+/// the endpoint's own files (no inline script, so markup that reached the
+/// page from data could not run), and no other site may frame it.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The header a `POST` must carry (any value): a cross-site form cannot set
 /// it, so a page elsewhere cannot make a browser on this machine replay.
@@ -116,17 +137,24 @@ impl Admin {
             source,
             token: self.token,
         });
+        // The dashboard's files carry no data: a browser loads them without
+        // the token (it keeps the token in the address's fragment).
+        let files = Router::new()
+            .route("/", routing::get(page))
+            .route("/page.js", routing::get(page_script))
+            .route("/page.css", routing::get(page_style));
         let app = Router::new()
             .route("/metrics", routing::get(metrics_page))
             .route("/healthz", routing::get(|| async { "ok\n" }))
             .route("/readyz", routing::get(readyz))
             .route("/status", routing::get(status))
             .route("/jobs/{id}", routing::get(job))
-            .route("/", routing::get(page))
             .route("/dlq", routing::get(dead_letters))
             .route("/pending", routing::get(pending))
             .route("/dlq/replay", routing::post(replay))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
+            .merge(files)
+            .layer(middleware::from_fn(secure))
             .with_state(state);
         let listener = self.listener;
         tokio::spawn(async move {
@@ -187,6 +215,21 @@ async fn authorize(State(s): State<Arc<Served>>, req: Request, next: Next) -> Re
             .into_response(),
         _ => next.run(req).await,
     }
+}
+
+/// Add the content policy and `nosniff` to every answer.
+async fn secure(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    resp
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`, compared in time
@@ -267,11 +310,24 @@ async fn job(State(s): State<Arc<Served>>, axum::extract::Path(id): axum::extrac
     }
 }
 
-async fn page(State(s): State<Arc<Served>>) -> Response {
+/// One of the dashboard's files, with its content type.
+fn page_file(s: &Served, content_type: &'static str, file: fn(&Page) -> &'static str) -> Response {
     match s.source.page() {
-        Some(html) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response(),
+        Some(page) => ([(header::CONTENT_TYPE, content_type)], file(&page)).into_response(),
         None => (StatusCode::NOT_FOUND, "no dashboard here\n").into_response(),
     }
+}
+
+async fn page(State(s): State<Arc<Served>>) -> Response {
+    page_file(&s, "text/html; charset=utf-8", |p| p.html)
+}
+
+async fn page_script(State(s): State<Arc<Served>>) -> Response {
+    page_file(&s, "text/javascript; charset=utf-8", |p| p.script)
+}
+
+async fn page_style(State(s): State<Arc<Served>>) -> Response {
+    page_file(&s, "text/css; charset=utf-8", |p| p.style)
 }
 
 /// Answer with what `f` returns as JSON (an error: 500 with the reason).

@@ -80,6 +80,8 @@ pub struct DemoSummary {
     /// The held key's starts, by job number (1, 2, 2, 2, 3, 4, 5: job 2
     /// failing twice holds the key).
     pub held_key: Vec<u32>,
+    /// The demo's own topics (deleted at the end on a real cluster).
+    pub topics: Vec<String>,
 }
 
 /// How much later the demo's rescheduled jobs run.
@@ -105,16 +107,60 @@ struct RunEvent {
     outcome: Outcome,
 }
 
-/// Run the demo. With `brokers = None` an in-process development broker serves.
+/// Run the demo. With `brokers = None` an in-process development broker
+/// serves. Its topics and groups have names of its own (`kairos-demo-` and a
+/// random suffix), so that on a real cluster it never reads or fires what
+/// another Kairos there holds; there it deletes its topics at the end.
 pub async fn run(
     mut cfg: Config,
     opts: DemoOptions,
     brokers: Option<String>,
 ) -> Result<DemoSummary, DemoError> {
+    let prefix = format!("kairos-demo-{:08x}", rand::random::<u32>());
+    own_names(&mut cfg, &prefix);
+    // A second work topic, dispatched fairly across tenants, and a third,
+    // whose failing jobs hold their keys.
+    let work = cfg.topics.work.first().cloned().unwrap_or_default();
+    let (fair_topic, held_topic) = (format!("{work}.fair"), format!("{work}.orders"));
+    cfg.topics.work.extend([fair_topic.clone(), held_topic.clone()]);
+    let on_cluster = brokers.is_some();
+    if let Some(b) = brokers {
+        cfg.kafka.brokers = b;
+    }
+    let result = run_on(cfg.clone(), opts, on_cluster, fair_topic, held_topic).await;
+    if on_cluster {
+        match crate::topics::delete(&cfg).await {
+            Ok(gone) => println!("cleanup    deleted the demo's {} topics ({prefix}.*)", gone.len()),
+            Err(e) => println!("cleanup    could not delete the demo's topics ({prefix}.*): {e}"),
+        }
+    }
+    result.map(|s| DemoSummary {
+        topics: crate::topics::planned(&cfg).into_iter().map(|(t, _)| t).collect(),
+        ..s
+    })
+}
+
+/// Give every topic and group the demo uses a name under `prefix`.
+fn own_names(cfg: &mut Config, prefix: &str) {
+    let t = &mut cfg.topics;
+    t.schedule = format!("{prefix}.schedule");
+    t.changelog = format!("{prefix}.changelog");
+    t.dead_letter = format!("{prefix}.dead");
+    t.held = format!("{prefix}.held");
+    t.work = vec![format!("{prefix}.jobs")];
+    cfg.scheduler.group_id = format!("{prefix}-scheduler");
+    cfg.worker.group_id = format!("{prefix}-worker");
+}
+
+async fn run_on(
+    mut cfg: Config,
+    opts: DemoOptions,
+    on_cluster: bool,
+    fair_topic: String,
+    held_topic: String,
+) -> Result<DemoSummary, DemoError> {
     let data = std::env::temp_dir().join(format!("kairos-demo-{}", std::process::id()));
     cfg.scheduler.data_dir = data.join("scheduler");
-    cfg.scheduler.group_id = format!("kairos-demo-scheduler-{}", std::process::id());
-    cfg.worker.group_id = format!("kairos-demo-worker-{}", std::process::id());
     cfg.worker.max_attempts = 3;
     cfg.worker.backoff_base = Duration::from_millis(500);
     cfg.worker.concurrency = 32;
@@ -124,40 +170,31 @@ pub async fn run(
             .consumer
             .insert("session.timeout.ms".into(), "6000".into());
     }
-    // A second work topic, dispatched fairly across tenants.
-    let fair_topic = format!(
-        "{}.fair",
-        cfg.topics.work.first().map_or("kairos.jobs", String::as_str)
-    );
-    cfg.topics.work.push(fair_topic.clone());
     cfg.fair.topics = vec![fair_topic.clone()];
-    // A third, whose failing jobs hold their keys.
-    let held_topic = fair_topic.replace(".fair", ".orders");
-    cfg.topics.work.push(held_topic.clone());
     cfg.worker
         .on_failure_by_topic
         .insert(held_topic.clone(), crate::config::OnFailure::HoldKey);
     cfg.fair.backlog_target = 200;
-    let _dev = match brokers {
-        Some(b) => {
-            cfg.kafka.brokers = b;
-            println!("broker     {} (real cluster; topics init)", cfg.kafka.brokers);
-            crate::topics::init(&cfg).await.map_err(failed)?;
-            None
-        }
-        None => {
-            let dev = DevBroker::start(&cfg).map_err(failed)?;
-            cfg.kafka.brokers = dev.bootstrap_servers().to_string();
-            // The mock cluster answers a fetch only when its wait expires,
-            // not when data arrives as Kafka does: keep the wait short.
-            cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "5".into());
-            println!(
-                "broker     development broker at {} (librdkafka's in-process mock cluster, in memory;\n           \
-                 run with --brokers HOST:PORT to use a real Kafka cluster)",
-                cfg.kafka.brokers
-            );
-            Some(dev)
-        }
+    let _dev = if on_cluster {
+        println!(
+            "broker     {} (real cluster; the demo's own topics {}.*, deleted at the end)",
+            cfg.kafka.brokers,
+            cfg.topics.schedule.trim_end_matches(".schedule")
+        );
+        crate::topics::init(&cfg).await.map_err(failed)?;
+        None
+    } else {
+        let dev = DevBroker::start(&cfg).map_err(failed)?;
+        cfg.kafka.brokers = dev.bootstrap_servers().to_string();
+        // The mock cluster answers a fetch only when its wait expires,
+        // not when data arrives as Kafka does: keep the wait short.
+        cfg.kafka.consumer.insert("fetch.wait.max.ms".into(), "5".into());
+        println!(
+            "broker     development broker at {} (librdkafka's in-process mock cluster, in memory;\n           \
+             run with --brokers HOST:PORT to use a real Kafka cluster)",
+            cfg.kafka.brokers
+        );
+        Some(dev)
     };
     let work = cfg
         .topics

@@ -16,9 +16,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use crate::config::{GroupProtocol, KafkaConfig, PassThrough};
 use crate::wire::OwnedRecord;
 
+mod reach;
 mod read;
 mod transient;
 
+pub use reach::{reach, Unreachable};
 pub use read::{read_to_end, ReadError};
 pub use transient::{retry_until, transient};
 

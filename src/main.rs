@@ -234,6 +234,38 @@ fn load(cli: &Cli) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+/// How long a command waits for the cluster's first answer before it says
+/// why there is none.
+const FIRST_CONTACT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Make sure the cluster answers before a command talks to it: a command
+/// fails within seconds naming the address and the cause; a service says
+/// what it waits for and tries again until it answers (or it is stopped).
+async fn first_contact(cli: &Cli, cfg: &Config) -> anyhow::Result<()> {
+    let service = match &cli.command {
+        Command::Demo { .. } if cli.brokers.is_none() => return Ok(()),
+        Command::Job { .. } => return Ok(()),
+        Command::Scheduler | Command::Worker { .. } => true,
+        _ => false,
+    };
+    loop {
+        let kafka = cfg.kafka.clone();
+        let reached =
+            tokio::task::spawn_blocking(move || kairos::kafka::reach(&kafka, FIRST_CONTACT)).await?;
+        match reached {
+            Ok(()) => return Ok(()),
+            Err(e) if service => {
+                tracing::warn!(brokers = %e.brokers, cause = %e.cause, "waiting for Kafka: it does not answer yet; trying again");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = terminated() => anyhow::bail!("stopped while waiting for Kafka at {}", e.brokers),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn parse_time(text: &str) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     kairos::wire::parse_time(text).map_err(|p| anyhow::anyhow!("--at {p}"))
 }
@@ -255,6 +287,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cfg = load(&cli)?;
+    first_contact(&cli, &cfg).await?;
     match cli.command {
         Command::Topics {
             command: TopicsCommand::Init,

@@ -59,6 +59,14 @@ pub enum TopicsError {
         /// The broker's error code.
         code: RDKafkaErrorCode,
     },
+    /// The broker refused to delete a topic.
+    #[error("deleting topic `{topic}` failed: {code}")]
+    Delete {
+        /// The topic.
+        topic: String,
+        /// The broker's error code.
+        code: RDKafkaErrorCode,
+    },
     /// The broker's answer did not mention a topic that was asked for.
     #[error("the broker did not answer for topic `{0}`")]
     NoAnswer(String),
@@ -192,6 +200,25 @@ pub async fn init(cfg: &Config) -> Result<Vec<TopicReport>, TopicsError> {
     }
     check_partitions(cfg).await?;
     Ok(report)
+}
+
+/// Delete every topic [`init`] creates for `cfg` (the demo's own, on a
+/// real cluster); a topic already gone is not an error. Returns the topics
+/// deleted.
+pub async fn delete(cfg: &Config) -> Result<Vec<String>, TopicsError> {
+    let admin = kafka::admin(&cfg.kafka)?;
+    let names: Vec<String> = planned(cfg).into_iter().map(|(n, _)| n).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let mut gone = Vec::new();
+    for res in admin.delete_topics(&refs, &opts).await? {
+        match res {
+            Ok(name) => gone.push(name),
+            Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((topic, code)) => return Err(TopicsError::Delete { topic, code }),
+        }
+    }
+    Ok(gone)
 }
 
 /// Wait until the cluster's metadata serves `topic`: a topic just created

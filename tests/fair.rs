@@ -745,3 +745,78 @@ async fn every_tenant_is_served_while_schedule_partitions_move_between_two_sched
     // meet two moves. Seen on Kafka 4.1.1 here: 7-8 s.
     assert!(wait <= Duration::from_secs(30), "a small tenant waited {wait:?}");
 }
+
+/// The value of `metric{topic="TOPIC"}` on the scheduler's `/metrics`.
+fn topic_gauge(addr: std::net::SocketAddr, metric: &str, topic: &str) -> Option<i64> {
+    let (code, text) = kairos::admin::get(addr, "/metrics", None).ok()?;
+    assert_eq!(code, 200, "{text}");
+    let prefix = format!("{metric}{{topic=\"{topic}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_topic_forgets_its_tenants_once_their_service_has_decayed() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = fair_config(broker, dir.path());
+    // Service halves every 100 ms: a tenant served once is forgotten about
+    // a second after (ten half-lives).
+    cfg.fair.half_life = Duration::from_millis(100);
+    cfg.scheduler.admin.listen = Some("127.0.0.1:0".parse().unwrap());
+    kairos::topics::init(&cfg).await.unwrap();
+    let topic = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    const TENANTS: usize = 100_000;
+    // 100,000 tenants, one job each.
+    for chunk in (0..TENANTS).collect::<Vec<_>>().chunks(2_000) {
+        let writes = chunk.iter().map(|i| {
+            let job = Job::new(&topic, format!("k{i}"), b"x".to_vec()).tenant(format!("tenant-{i}"));
+            producer.enqueue(job).into_future()
+        });
+        for r in futures::future::join_all(writes).await {
+            r.expect("enqueue");
+        }
+    }
+    let scheduler = kairos::scheduler::Scheduler::builder(&cfg).build().unwrap();
+    let addr = scheduler.admin_addr().expect("the admin endpoint is bound");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let st = stop.clone();
+    let s_task = tokio::spawn(scheduler.run_until(async move { st.cancelled().await }));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let d = done.clone();
+    let sys = run(&cfg, false, move |_job: Job, _ctx| {
+        d.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async { Outcome::done() }
+    });
+    // While the jobs run, the table holds the tenants served lately.
+    let mut most = 0;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while done.load(std::sync::atomic::Ordering::Relaxed) < TENANTS {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the 100,000 jobs to run"
+        );
+        most = most.max(topic_gauge(addr, "kairos_scheduler_fair_tenants", &topic).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("tenants held at most while the jobs ran: {most}");
+    assert!(
+        most >= 1_000,
+        "the metric counts the tenants held: at most {most}"
+    );
+    // Then silence: after the decay the table is back to (near) zero.
+    let settled = Instant::now();
+    let left = wait_for("the tenant table to empty", Duration::from_secs(60), || {
+        let n = topic_gauge(addr, "kairos_scheduler_fair_tenants", &topic)?;
+        (n <= 10).then_some(n)
+    });
+    println!(
+        "tenants held {:?} after the last job ran: {left}",
+        settled.elapsed()
+    );
+    sys.stop().await;
+    stop.cancel();
+    s_task.await.unwrap().unwrap();
+}

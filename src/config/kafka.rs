@@ -38,6 +38,58 @@ const CLASSIC_ONLY: [&str; 4] = [
     "group.protocol.type",
 ];
 
+/// librdkafka settings Kairos sets itself and that the pass-through maps
+/// may not override, each with what rests on it.
+const RESERVED: [(&str, &str); 14] = [
+    ("bootstrap.servers", "set kafka.brokers instead"),
+    (
+        "group.id",
+        "the scheduler's and the workers' groups are scheduler.group_id and worker.group_id",
+    ),
+    (
+        "enable.idempotence",
+        "each job is written once and in order per partition (idempotent producers)",
+    ),
+    (
+        "acks",
+        "a write counts once every in-sync replica has it (acks=all)",
+    ),
+    (
+        "request.required.acks",
+        "a write counts once every in-sync replica has it (acks=all)",
+    ),
+    (
+        "enable.auto.commit",
+        "an offset is committed only below jobs that are finished",
+    ),
+    (
+        "enable.auto.offset.store",
+        "an offset is committed only below jobs that are finished",
+    ),
+    (
+        "isolation.level",
+        "consumers read only records whose writes were committed",
+    ),
+    (
+        "auto.offset.reset",
+        "a new group reads its partitions from the start, skipping no job",
+    ),
+    (
+        "enable.partition.eof",
+        "a partition taken over is read to its end before it is worked",
+    ),
+    (
+        "partitioner",
+        "a key's jobs land on the partition every Kafka client picks for it (murmur2)",
+    ),
+    ("message.timeout.ms", "set kafka.produce_timeout instead"),
+    ("transactional.id", "Kairos's producers are not transactional"),
+    (
+        "allow.auto.create.topics",
+        "topics are created by `kairos topics init` with their settings",
+    ),
+];
+
 /// Connection to Kafka.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -49,7 +101,11 @@ pub struct KafkaConfig {
     #[serde(with = "humantime_serde")]
     pub produce_timeout: Duration,
     /// librdkafka settings for every client (TLS, SASL, `client.id`, ...),
-    /// applied after Kairos's own defaults, so they win.
+    /// applied after Kairos's own defaults. The settings its guarantees
+    /// rest on (`acks`, `enable.idempotence`, `enable.auto.commit`,
+    /// `enable.auto.offset.store`, `isolation.level`, `auto.offset.reset`,
+    /// `partitioner`, `group.id`, ...) are refused here and in the two maps
+    /// below, with the guarantee named.
     pub client: BTreeMap<String, PassThrough>,
     /// librdkafka settings for producers only (`compression.type`, `linger.ms`, ...).
     pub producer: BTreeMap<String, PassThrough>,
@@ -107,6 +163,19 @@ impl From<&str> for PassThrough {
 impl KafkaConfig {
     /// Check the pass-through maps against the group protocol.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let all = [
+            ("kafka.client", &self.client),
+            ("kafka.producer", &self.producer),
+            ("kafka.consumer", &self.consumer),
+        ];
+        for (section, map) in all {
+            if let Some((key, why)) = RESERVED.iter().find(|(k, _)| map.contains_key(*k)) {
+                return Err(ConfigError::Invalid {
+                    key: "kafka",
+                    message: format!("`{key}` in [{section}] is Kairos's to set: {why}"),
+                });
+            }
+        }
         let maps = [("kafka.client", &self.client), ("kafka.consumer", &self.consumer)];
         for (section, map) in maps {
             if map.contains_key("group.protocol") {

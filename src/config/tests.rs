@@ -237,3 +237,35 @@ fn hold_key_and_pacing_name_worker_topics_and_sane_limits() {
     assert_eq!(key_of(&bad), Some("worker.hold_give_up"));
     assert!(toml::from_str::<Config>("[worker]\non_failure = \"hold\"\n").is_err());
 }
+
+#[test]
+fn pass_through_settings_the_guarantees_rest_on_are_refused_naming_the_guarantee() {
+    for (section, key, says) in [
+        ("client", "enable.idempotence", "once and in order"),
+        ("producer", "acks", "every in-sync replica"),
+        ("consumer", "enable.auto.commit", "finished"),
+        ("consumer", "enable.auto.offset.store", "finished"),
+        ("client", "isolation.level", "committed"),
+        ("consumer", "auto.offset.reset", "skipping no job"),
+        ("producer", "partitioner", "murmur2"),
+        ("client", "group.id", "worker.group_id"),
+    ] {
+        let toml = format!("[kafka.{section}]\n\"{key}\" = \"x\"\n");
+        let err = load_from::<Config>("t", &toml, env(&[]))
+            .and_then(|c: Config| c.validate().map(|()| c))
+            .expect_err(key);
+        let text = err.to_string();
+        assert!(
+            text.contains(key) && text.contains(&format!("[kafka.{section}]")) && text.contains(says),
+            "{text}"
+        );
+    }
+    // Settings that change no guarantee pass.
+    let c: Config = load_from(
+        "t",
+        "[kafka.producer]\n\"compression.type\" = \"zstd\"\n[kafka.consumer]\n\"fetch.max.bytes\" = 1000000\n",
+        env(&[]),
+    )
+    .unwrap();
+    c.validate().unwrap();
+}

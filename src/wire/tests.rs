@@ -386,3 +386,35 @@ fn decimal_writes_every_u32_as_to_string_does() {
         assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
     }
 }
+
+/// The fuzzer's dictionary (`fuzz/decode_record.dict`) names every header
+/// of the contract, every operation and every priority, so the fuzzer
+/// reaches their decoding.
+#[test]
+fn the_fuzz_dictionary_names_every_header_op_and_priority() {
+    let dict = include_str!("../../fuzz/decode_record.dict");
+    let entries: Vec<&str> = dict
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.trim().strip_prefix('"')?.strip_suffix('"'))
+        .collect();
+    for name in header::ALL {
+        let entry = format!("{name}: ");
+        assert!(
+            entries.contains(&entry.as_str()),
+            "{entry:?} missing from the dictionary"
+        );
+    }
+    for word in [
+        "schedule",
+        "cancel",
+        "reschedule",
+        "release",
+        "high",
+        "normal",
+        "low",
+    ] {
+        // Each decodes as a value somewhere (an op or a priority).
+        assert!(entries.contains(&word), "{word:?} missing from the dictionary");
+    }
+}

@@ -1,6 +1,9 @@
 """Drive the scheduler's dashboard in headless Chromium over the DevTools
 protocol: load the page, wait for it to show /status and /dlq, read what it
-shows, click "Replay all dead jobs", wait for the answer, save a screenshot.
+shows (the dead letters' cells as text, and whether any markup from them
+ran: `document.body.dataset.pwned` is what the test's hostile dead letters
+would set), click "Replay all dead jobs", wait for the answer, save a
+screenshot.
 
 Usage: dashboard.py URL SCREENSHOT.png
 Prints one JSON object: what the page showed and what the replay said.
@@ -87,7 +90,15 @@ def main():
             dead_rows: document.querySelectorAll('#dead-rows tr').length,
             bars: [...document.querySelectorAll('#timeline rect.bar')].map(r => +r.dataset.jobs),
             later: document.getElementById('later').textContent,
+            dead_cells: [...document.querySelectorAll('#dead-rows tr')].map(r => [...r.cells].map(c => c.textContent)),
+            elements_in_rows: document.querySelectorAll('#dead-rows td *').length,
         })""")
+        # Let any image the rows made finish loading or failing (its error
+        # handler, had it been parsed, would have run by then).
+        page.eval("""Promise.all([...document.images].map(i => i.complete ? 0 :
+            new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })))""")
+        shown["images"] = page.eval("document.images.length")
+        shown["pwned"] = page.eval("document.body.dataset.pwned ?? null")
         page.eval("document.getElementById('replay').click()")
         wait_for("the replay's answer", lambda: page.eval("document.body.dataset.replayed !== undefined"))
         shown["replayed"] = page.eval("+document.body.dataset.replayed")

@@ -2,7 +2,10 @@
 //! over the DevTools protocol by `tests/browser/dashboard.py`) loads the
 //! page from a running scheduler, the numbers it shows are checked against
 //! `/status` and `/dlq`, its replay button is clicked and the replayed jobs
-//! run; a screenshot is saved (its path is printed).
+//! run; a screenshot is saved (its path is printed). A dead letter's key and
+//! reason are a producer's: the test's carry markup and script, and the page
+//! shows them as text and runs none of it. The endpoint has a token, and a
+//! replay without it, or without the action header, is refused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,9 +22,13 @@ use kairos::{Job, Producer, Worker};
 use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(60);
+const TOKEN: &str = "s3cret-admin-token";
+/// A key and a dead reason that would run script if the page parsed them.
+const HOSTILE_KEY: &str = r#"doomed-<img src=x onerror="document.body.dataset.pwned='key'">"#;
+const HOSTILE_REASON: &str = r#"not yet <script>document.body.dataset.pwned='script'</script><img src=y onerror="document.body.dataset.pwned='reason'">"#;
 
 fn status(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
-    let (code, body) = get(addr, path, None).expect("GET");
+    let (code, body) = get(addr, path, Some(TOKEN)).expect("GET");
     assert_eq!(code, 200, "{path}: {body}");
     serde_json::from_str(&body).expect("JSON")
 }
@@ -33,7 +40,7 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
     let mut cfg = config(broker, dir.path());
     cfg.scheduler.admin = AdminConfig {
         listen: Some("127.0.0.1:0".parse().unwrap()),
-        token: None,
+        token: Some(TOKEN.into()),
     };
     kairos::topics::init(&cfg).await.unwrap();
     let stop = CancellationToken::new();
@@ -48,7 +55,7 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
             let dies = job.key.starts_with(b"doomed") && !h.load(Ordering::SeqCst);
             async move {
                 if dies {
-                    Outcome::dead("not yet")
+                    Outcome::dead(HOSTILE_REASON)
                 } else {
                     Outcome::done()
                 }
@@ -61,15 +68,16 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
     let st = stop.clone();
     let w_task = tokio::spawn(worker.run_until(async move { st.cancelled().await }));
     wait_for("the scheduler to be ready", T, || {
-        (get(addr, "/readyz", None).ok()? == (200, "ready\n".into())).then_some(())
+        (get(addr, "/readyz", Some(TOKEN)).ok()? == (200, "ready\n".into())).then_some(())
     });
 
     let work = cfg.topics.work[0].clone();
     let producer = Producer::new(&cfg).unwrap();
     let now = Utc::now();
-    let mut jobs: Vec<Job> = (0..4)
+    let mut jobs: Vec<Job> = (1..4)
         .map(|i| Job::new(&work, format!("doomed-{i}"), b"x".to_vec()))
         .collect();
+    jobs.push(Job::new(&work, HOSTILE_KEY, b"x".to_vec()));
     for (mins, n) in [(135, 6), (315, 3)] {
         for i in 0..n {
             jobs.push(
@@ -85,9 +93,34 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
     });
     healed.store(true, Ordering::SeqCst);
 
+    // The admin surface: a replay needs the token and the action header,
+    // on loopback too; the page is sent with its content policy.
+    let replay = |headers: &[(&str, &str)]| request(addr, "POST", "/dlq/replay", headers).0;
+    assert_eq!(replay(&[("x-kairos-action", "replay")]), 401, "no token");
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(replay(&[("authorization", &bearer)]), 400, "no action header");
+    assert_eq!(
+        status(addr, "/dlq")["total"],
+        4,
+        "nothing replayed by a refused request"
+    );
+    let (code, head, _) = request(addr, "GET", "/", &[]);
+    assert_eq!(code, 200, "the page loads without the token (it holds no data)");
+    assert!(
+        head.to_ascii_lowercase().contains(
+            &format!(
+                "content-security-policy: {}",
+                kairos::admin::CONTENT_SECURITY_POLICY
+            )
+            .to_ascii_lowercase()
+        ),
+        "{head}"
+    );
+    assert_eq!(request(addr, "GET", "/dlq", &[]).0, 401, "data needs the token");
+
     let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/dashboard.py");
-    let url = format!("http://{addr}/");
+    let url = format!("http://{addr}/#token={TOKEN}");
     let s = shot.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("python3")
@@ -115,6 +148,22 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
     assert_eq!(shown["due_now"], st["pending_by_due"]["now"]);
     assert_eq!(shown["dead"], 4, "{shown}");
     assert_eq!(shown["dead_rows"], 4, "{shown}");
+    // The hostile key and reason are shown as the text they are, and
+    // nothing in them ran or became an element.
+    let cells: Vec<Vec<String>> = serde_json::from_value(shown["dead_cells"].clone()).unwrap();
+    assert!(
+        cells
+            .iter()
+            .any(|row| row[1] == HOSTILE_KEY && row[4].contains(HOSTILE_REASON)),
+        "the key and reason as text: {cells:?}"
+    );
+    assert_eq!(shown["elements_in_rows"], 0, "{shown}");
+    assert_eq!(shown["images"], 0, "{shown}");
+    assert_eq!(
+        shown["pwned"],
+        serde_json::Value::Null,
+        "script from a dead letter ran: {shown}"
+    );
     let bars: Vec<u64> = serde_json::from_value(shown["bars"].clone()).unwrap();
     let timeline: Vec<u64> = serde_json::from_value(st["due_timeline"]["jobs"].clone()).unwrap();
     assert_eq!(bars.len(), 24, "{shown}");
@@ -134,4 +183,32 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
     stop.cancel();
     s_task.await.unwrap().unwrap();
     w_task.await.unwrap().unwrap();
+}
+
+/// One request with `headers`: the status code, the response head and the
+/// body (HTTP/1.1, one request per connection).
+fn request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read the answer");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, head.to_string(), body.to_string())
 }

@@ -17,6 +17,7 @@ mod dashboard;
 mod demo;
 mod dlq;
 mod fencing;
+mod first_contact;
 mod foreign_clients;
 mod scheduler;
 mod store_faults;

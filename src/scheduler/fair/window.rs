@@ -148,6 +148,26 @@ impl FairWindow {
         self.topics.get(topic).is_some_and(|t| !t.lanes.is_empty())
     }
 
+    /// Forget, in every topic's order, the tenants with nothing waiting
+    /// whose recent service has decayed away by `now_ms` (see
+    /// [`TenantOrder::sweep`]). Returns the tenants known after it, over all
+    /// topics.
+    pub fn sweep(&mut self, now_ms: i64) -> usize {
+        self.topics.values_mut().map(|t| t.order.sweep(now_ms)).sum()
+    }
+
+    /// Tenants known per topic (jobs waiting, or served recently): the
+    /// memory the tenant order holds.
+    pub fn tenants_known(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = self
+            .topics
+            .iter()
+            .map(|(name, t)| (name.clone(), t.order.len()))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Tenants with jobs waiting, per topic.
     pub fn tenants_waiting(&self) -> Vec<(String, usize)> {
         let mut out: Vec<(String, usize)> = self

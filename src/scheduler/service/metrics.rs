@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use super::{fair_status, stats, FairStatus, SchedulerHandle};
-use crate::admin::{Metrics, Source};
+use crate::admin::{Metrics, Page, Source};
 use crate::job::JobId;
 
 /// The spans pending jobs are counted in by when they come due: already due
@@ -82,8 +82,13 @@ fn due_timeline(h: &SchedulerHandle) -> serde_json::Value {
     json!({"from_ms": now, "step_ms": TIMELINE_STEP_MS, "jobs": pending_over(h, &edges)})
 }
 
-/// The scheduler's dashboard (a static page that reads `/status` and `/dlq`).
-const DASHBOARD: &str = include_str!("dashboard.html");
+/// The scheduler's dashboard (a static page whose script reads `/status`
+/// and `/dlq`).
+const DASHBOARD: Page = Page {
+    html: include_str!("dashboard.html"),
+    script: include_str!("dashboard.js"),
+    style: include_str!("dashboard.css"),
+};
 
 impl Source for SchedulerHandle {
     fn metrics(&self) -> Metrics {
@@ -209,6 +214,13 @@ impl Source for SchedulerHandle {
             "topic",
             fair.tenants_waiting.into_iter().map(|(t, n)| (t, n as i64)),
         )
+        .gauge_by(
+            "kairos_scheduler_fair_tenants",
+            "Per fair topic, tenants held in memory: with jobs waiting, or served within about \
+                 ten [fair] half_life (then forgotten).",
+            "topic",
+            fair.tenants_known.into_iter().map(|(t, n)| (t, n as i64)),
+        )
         .histogram(
             "kairos_scheduler_catch_up_seconds",
             "How long each assignment's changelog catch-up took.",
@@ -278,7 +290,7 @@ impl Source for SchedulerHandle {
         Ok(serde_json::Value::Object(topics))
     }
 
-    fn page(&self) -> Option<&'static str> {
+    fn page(&self) -> Option<Page> {
         Some(DASHBOARD)
     }
 

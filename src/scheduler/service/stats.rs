@@ -100,6 +100,8 @@ pub(super) struct FairStatus {
     pub(super) released: Vec<(String, u64)>,
     /// Tenants with due jobs waiting.
     pub(super) tenants_waiting: Vec<(String, usize)>,
+    /// Tenants held in memory (waiting, or served recently).
+    pub(super) tenants_known: Vec<(String, usize)>,
     /// Fair jobs buffered in memory, over all fair topics.
     pub(super) buffered: usize,
 }
@@ -117,15 +119,16 @@ pub(super) fn fair_status(shared: &Shared) -> FairStatus {
     if fair.topics.is_empty() {
         return FairStatus::default();
     }
-    let (buffered, tenants_waiting) = shared
-        .wheel()
-        .fair()
-        .map_or((0, Vec::new()), |f| (f.buffered(), f.tenants_waiting()));
+    let (buffered, tenants_waiting, tenants_known) =
+        shared.wheel().fair().map_or((0, Vec::new(), Vec::new()), |f| {
+            (f.buffered(), f.tenants_waiting(), f.tenants_known())
+        });
     FairStatus {
         backlog: shared.backlog.current(),
         target: shared.backlog.targets(fair.backlog_target, fair.backlog_time),
         released: shared.backlog.released_total(),
         tenants_waiting,
+        tenants_known,
         buffered,
     }
 }

@@ -1,6 +1,7 @@
 //! Upkeep off the firing path: the cascader, which keeps every owned
 //! partition's cascade point three windows ahead (the one place it moves
-//! while partitions are owned), and the value log compacted.
+//! while partitions are owned), the value log compacted, and the fair
+//! topics' tenants forgotten once their recent service has decayed away.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,11 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
         if moved_any {
             shared.wake.notify_one();
         }
+        // A tenant seen once is held until its service decays away, then
+        // forgotten: the table follows the tenants active lately, not all
+        // the tenants ever seen.
+        let now = shared.clock.now().timestamp_millis();
+        shared.wheel().sweep_fair(now);
         // Stragglers (jobs due far ahead) keep old value-log segments alive:
         // copy them forward so the segments can go.
         if let Err(e) = blocking_store(&shared, "compact", |s| {

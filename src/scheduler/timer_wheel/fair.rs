@@ -26,6 +26,13 @@ impl TimerWheel {
         self.fair.as_ref()
     }
 
+    /// Forget the fair topics' tenants with nothing waiting and no recent
+    /// service left at `now_ms` ([`FairWindow::sweep`]); returns the tenants
+    /// still known.
+    pub fn sweep_fair(&mut self, now_ms: i64) -> usize {
+        self.fair.as_mut().map_or(0, |f| f.sweep(now_ms))
+    }
+
     /// Look at due fair jobs and release up to `allowance[topic]` of each
     /// fair topic in fair order (see [`FairWindow`]), counting them as
     /// firing. `read` reads the store (under this window's lock: reads are
