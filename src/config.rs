@@ -94,11 +94,12 @@ pub struct SchedulerConfig {
     /// Longest a partition's rebuild from the changelog may take.
     #[serde(with = "humantime_serde")]
     pub rebuild_timeout: Duration,
-    /// How far producers' clocks may run ahead of the scheduler's. A job
+    /// How far the brokers' clocks may run ahead of the scheduler's. A job
     /// fires only once its schedule partition has been read up to its
     /// run-at, so that a cancel or reschedule written before then wins; a
-    /// record created at T (its Kafka timestamp) tells the scheduler that
-    /// every record written before T, less this margin, has been read.
+    /// record the broker appended at T (its LogAppendTime timestamp) tells
+    /// the scheduler that every record written before T, less this margin,
+    /// has been read. Producers' own times (CreateTime) are not used.
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
     /// Join the group as a static member (`group.instance.id`): a

@@ -300,6 +300,14 @@ async fn main() -> anyhow::Result<()> {
                 };
                 println!("{what}  {:<12} {} ({} partitions)", r.role, r.name, r.partitions);
             }
+            if kairos::topics::schedule_has_append_time(&cfg).await == Some(false) {
+                println!(
+                    "warning  the schedule topic {} keeps its producers' record times (CreateTime): the \
+                     scheduler does not trust them, and a due job waits for a look-up of its partition's \
+                     end; set message.timestamp.type=LogAppendTime on it (new topics get it)",
+                    cfg.topics.schedule
+                );
+            }
         }
         Command::Enqueue {
             topic,

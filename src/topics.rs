@@ -115,6 +115,31 @@ pub fn changelog_tombstone_retention() -> std::time::Duration {
     std::time::Duration::from_millis(ms)
 }
 
+/// Schedule-topic settings: the broker stamps each record with its append
+/// time. The cancel-wins rule takes a partition as read up to the newest
+/// record time it has read; a producer's own time (CreateTime) could be
+/// forged, an append time cannot.
+const SCHEDULE_SETTINGS: &[(&str, &str)] = &[("message.timestamp.type", "LogAppendTime")];
+
+/// A topic's setting `name`, as the broker says; `None` if it cannot say.
+pub async fn setting(cfg: &Config, topic: &str, name: &str) -> Option<String> {
+    use rdkafka::admin::ResourceSpecifier;
+    let admin = kafka::admin(&cfg.kafka).ok()?;
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let answer = admin
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &opts)
+        .await;
+    let resource = answer.ok()?.into_iter().next()?.ok()?;
+    resource.get(name)?.value.clone()
+}
+
+/// Whether the schedule topic's records carry the broker's append time;
+/// `None` if the broker cannot say.
+pub async fn schedule_has_append_time(cfg: &Config) -> Option<bool> {
+    let kind = setting(cfg, &cfg.topics.schedule, "message.timestamp.type").await?;
+    Some(kind == "LogAppendTime")
+}
+
 fn plan(cfg: &Config) -> Vec<Planned<'_>> {
     let t = &cfg.topics;
     let topic = |name, role, partitions, settings| Planned {
@@ -124,7 +149,12 @@ fn plan(cfg: &Config) -> Vec<Planned<'_>> {
         settings,
     };
     let mut out = vec![
-        topic(t.schedule.as_str(), "schedule", t.schedule_partitions, &[][..]),
+        topic(
+            t.schedule.as_str(),
+            "schedule",
+            t.schedule_partitions,
+            SCHEDULE_SETTINGS,
+        ),
         topic(
             &t.changelog,
             "changelog",

@@ -436,6 +436,85 @@ async fn hosts_are_paced_100_ms_apart_in_parallel_near_the_ideal_rate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_with_a_burst_lets_the_burst_start_at_once_then_paces_at_the_rate() {
+    const JOBS: usize = 25;
+    const BURST: usize = 5;
+    let interval = Duration::from_millis(100); // 10 per second
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(broker, dir.path());
+    let pacing = Pacing {
+        rate: Some(10.0),
+        per: Some(Duration::from_secs(1)),
+        burst: Some(BURST as u32),
+        ..Pacing::default()
+    };
+    cfg.worker.pacing.insert(cfg.topics.work[0].clone(), pacing);
+    cfg.worker.concurrency = 32;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let (starts, sys) = recorded(&cfg, |_, _| Outcome::done());
+    // Up and running first (a job of another limiter key through the
+    // scheduler and back); then a quiet spell for the API's limiter key.
+    producer
+        .enqueue(Job::new(&work, "warm-up", b"warm-up".to_vec()))
+        .after(Duration::from_millis(200))
+        .await
+        .unwrap();
+    wait_for("the warm-up job", T, || {
+        (sys.worker.stats().succeeded == 1).then_some(())
+    });
+    // 25 jobs of one limiter key (25 entity keys), written at once.
+    let jobs: Vec<Job> = (0..JOBS)
+        .map(|i| Job::new(&work, format!("call-{i}"), b"x".to_vec()).limit_key("api.example"))
+        .collect();
+    common::system::enqueue_all(&producer, jobs).await;
+    wait_for("every call to start", T, || {
+        let n = starts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.limit == "api.example")
+            .count();
+        (n >= JOBS).then_some(())
+    });
+    sys.stop().await;
+    let at = by_limit(&starts.lock().unwrap())["api.example"].clone();
+    assert_eq!(at.len(), JOBS, "each call started once");
+    let since = |i: usize| at[i] - at[0];
+    println!(
+        "burst of {BURST}: starts 0-{} within {:?}; then {:?}",
+        BURST - 1,
+        since(BURST - 1),
+        (BURST..JOBS).map(|i| since(i).as_millis()).collect::<Vec<_>>()
+    );
+    // The burst at once: the first five closer together than one interval.
+    assert!(
+        since(BURST - 1) < interval / 2,
+        "the burst was spaced: {:?}",
+        since(BURST - 1)
+    );
+    // Then the rate: start k (k >= 5) no earlier than (k - 4) intervals
+    // after the first, and the rest at the rate within 10 %.
+    for k in BURST..JOBS {
+        let earliest = interval * (k - BURST + 1) as u32;
+        assert!(
+            since(k) + TOLERANCE >= earliest,
+            "start {k} {:?} after the first, before {earliest:?}",
+            since(k)
+        );
+    }
+    let ideal = interval * (JOBS - BURST) as u32;
+    assert!(
+        since(JOBS - 1) <= ideal + ideal / 10,
+        "the last start {:?} after the first: more than 10 % behind the rate ({ideal:?})",
+        since(JOBS - 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limited_outcome_pauses_its_host_without_spending_an_attempt() {
     let _serial = SERIAL.lock().await;
     let broker = Broker::shared();

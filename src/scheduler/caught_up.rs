@@ -14,10 +14,14 @@
 //!   for the partition's end offset `e` (every record acknowledged before `t`
 //!   sits below `e`), and once ingest has read every record below `e`,
 //!   `until` moves to `t`. A probe is asked for only while due jobs wait.
-//! - **Record timestamps** (fast, trusting clocks): a record created at `c`
-//!   was appended after every record acknowledged before `c`; once it is
-//!   read, `until` moves to `c - max_clock_skew`. This keeps a backlog
-//!   firing while ingest works through it.
+//! - **Record timestamps** (fast): a record the broker appended at `c` (the
+//!   schedule topic's `message.timestamp.type=LogAppendTime`) was appended
+//!   after every record acknowledged before `c`; once it is read, `until`
+//!   moves to `c - max_clock_skew` (the broker's clock against this
+//!   scheduler's). This keeps a backlog firing while ingest works through
+//!   it. A producer's own time (CreateTime) is never used: any producer can
+//!   set it, and one record stamped ahead would let due jobs fire before
+//!   cancels not yet read.
 //!
 //! The state is a few numbers per owned partition; nothing per job.
 

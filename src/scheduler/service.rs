@@ -54,7 +54,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::clock::SharedClock;
 use crate::config::Config;
@@ -400,6 +400,15 @@ impl Scheduler {
         // warmed, so the first writes after a start do not wait for metadata.
         tokio::spawn(async move {
             let t = &warm.cfg.topics;
+            if crate::topics::schedule_has_append_time(&warm.cfg).await == Some(false) {
+                warn!(
+                    topic = %t.schedule,
+                    "the schedule topic's records carry their producers' times (CreateTime): \
+                     they are not trusted, so a due job waits for a look-up of its partition's end \
+                     before it fires; set message.timestamp.type=LogAppendTime on the topic \
+                     (kairos topics init does on the topics it creates)"
+                );
+            }
             let topics = [&t.changelog, &t.dead_letter].into_iter().chain(&t.work);
             for t in topics {
                 if warm.stop.is_cancelled() {

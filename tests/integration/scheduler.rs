@@ -571,8 +571,9 @@ enum Down {
 /// The rule: a cancel or reschedule acknowledged before the job's run-at
 /// wins, also when the scheduler was down at the run-at and comes back
 /// (or another instance takes over) with the changes still unread in the
-/// schedule topic.
-async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
+/// schedule topic. `forged`: a record stamped an hour ahead by its producer
+/// leads the backlog on every schedule partition.
+async fn changes_written_while_the_scheduler_is_down_win(down: Down, forged: bool) {
     let SetUp {
         _broker,
         dir,
@@ -604,6 +605,9 @@ async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
     }
     let (cancelled, moved, controls) = (&ids[..10], &ids[10..20], &ids[20..]);
     let new_at = kairos::job::truncate_to_millis(run_at + chrono::Duration::seconds(3));
+    if forged {
+        write_stamped_ahead(&cfg, chrono::Duration::hours(1)).await;
+    }
     // Other producers went on meanwhile: the changes sit behind a backlog.
     let backlog: Vec<Job> = (0..3000)
         .map(|i| {
@@ -667,17 +671,61 @@ async fn changes_written_while_the_scheduler_is_down_win(down: Down) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_written_while_the_scheduler_was_stopped_win() {
-    changes_written_while_the_scheduler_is_down_win(Down::Term).await;
+    changes_written_while_the_scheduler_is_down_win(Down::Term, false).await;
+}
+
+/// The same with a record stamped an hour ahead (its CreateTime set by its
+/// producer) on every schedule partition, before the backlog and the
+/// changes: the scheduler takes no producer's time as proof that a
+/// partition is read, so the cancels still win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_stamped_an_hour_ahead_does_not_let_due_jobs_beat_their_cancels() {
+    changes_written_while_the_scheduler_is_down_win(Down::Term, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_written_while_the_scheduler_was_killed_win() {
-    changes_written_while_the_scheduler_is_down_win(Down::Kill).await;
+    changes_written_while_the_scheduler_is_down_win(Down::Kill, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_written_while_the_partitions_moved_win() {
-    changes_written_while_the_scheduler_is_down_win(Down::Moved).await;
+    changes_written_while_the_scheduler_is_down_win(Down::Moved, false).await;
+}
+
+/// On every schedule partition, a valid schedule record (a job due in a day)
+/// whose CreateTime its producer set `ahead` of now.
+async fn write_stamped_ahead(cfg: &Config, ahead: chrono::Duration) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let plain: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    let stamp = (Utc::now() + ahead).timestamp_millis();
+    let run_at = wire::format_time(Utc::now() + chrono::Duration::days(1));
+    for p in 0..cfg.topics.schedule_partitions {
+        let id = JobId::new().to_string();
+        let hs = [
+            ("kairos-version", "1"),
+            ("kairos-id", id.as_str()),
+            ("kairos-run-at", run_at.as_str()),
+            ("kairos-topic", cfg.topics.work[0].as_str()),
+        ]
+        .into_iter()
+        .fold(rdkafka::message::OwnedHeaders::new(), |hs, (key, v)| {
+            hs.insert(rdkafka::message::Header { key, value: Some(v) })
+        });
+        let rec = FutureRecord::<str, str>::to(&cfg.topics.schedule)
+            .key("forged")
+            .payload("x")
+            .headers(hs)
+            .partition(p)
+            .timestamp(stamp);
+        plain
+            .send(rec, Duration::from_secs(10))
+            .await
+            .expect("the stamped record written");
+    }
 }
 
 /// A cancel written before the job's run-at, behind a backlog that ingest is

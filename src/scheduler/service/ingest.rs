@@ -432,7 +432,10 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
         b.bytes += record_bytes(m);
         let last = b.last.entry(p).or_insert(offset);
         *last = (*last).max(offset);
-        if let Some(t) = m.timestamp().to_millis() {
+        // Only a time the broker set counts: a producer's CreateTime can be
+        // anything (one record stamped an hour ahead would let due jobs
+        // fire before cancels written before their run-at).
+        if let rdkafka::Timestamp::LogAppendTime(t) = m.timestamp() {
             let c = created.entry(p).or_insert(t);
             *c = (*c).max(t);
         }
