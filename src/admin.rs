@@ -56,7 +56,8 @@ pub trait Source: Send + Sync + 'static {
     fn dead_letters(&self) -> Result<serde_json::Value, String> {
         Err("no dead letters here".into())
     }
-    /// Replay every dead job that can be (answers `POST /dlq/replay`).
+    /// Replay the dead jobs written since the last replay (answers `POST
+    /// /dlq/replay`).
     fn replay_dead_letters(&self) -> Result<serde_json::Value, String> {
         Err("no dead letters here".into())
     }

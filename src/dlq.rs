@@ -6,8 +6,15 @@
 //! job that failed its last attempt, or whose work topic was missing) can be
 //! replayed: the same id, key, payload and headers (the user's own kept),
 //! attempt reset to 1, written through the [`Producer`] to its work topic.
-//! Replay is at-least-once: run twice, it writes the jobs twice, under the
-//! same ids, so a handler that deduplicates on `job.id` runs each once.
+//! Replay is at-least-once. A replay without a filter replays the dead
+//! letters written since the last one (a position per partition, committed
+//! under the group `kairos-dlq-replay.<dead-letter topic>` once every job it
+//! wrote was acknowledged), so a second one finds only newer dead letters;
+//! `again` starts from the topic's beginning instead. A filtered replay (by
+//! job id, origin topic, reason, or when the jobs died) replays every dead
+//! letter that matches, each time, and moves no position. A job replayed
+//! twice is written twice, under the same id, so a handler that
+//! deduplicates on `job.id` runs it once.
 //! Records that never decoded as a job (bad headers, oversized, truncated)
 //! are listed, with why, and left alone.
 
@@ -28,6 +35,23 @@ pub struct Filter {
     pub origin_topic: Option<String>,
     /// Only those whose reason contains this text.
     pub reason: Option<String>,
+    /// Only the jobs with these ids (none: any).
+    pub job_ids: Vec<String>,
+    /// Only those dead-lettered at or after this time (epoch ms).
+    pub since_ms: Option<i64>,
+    /// Only those dead-lettered before this time (epoch ms).
+    pub until_ms: Option<i64>,
+}
+
+impl Filter {
+    /// Whether it lets every dead letter through.
+    pub fn is_empty(&self) -> bool {
+        self.origin_topic.is_none()
+            && self.reason.is_none()
+            && self.job_ids.is_empty()
+            && self.since_ms.is_none()
+            && self.until_ms.is_none()
+    }
 }
 
 /// One dead letter.
@@ -37,6 +61,8 @@ pub struct DeadEntry {
     pub partition: i32,
     /// Its offset there.
     pub offset: i64,
+    /// When it was dead-lettered (its record's time, epoch ms).
+    pub dead_at_ms: Option<i64>,
     /// Why it died (`kairos-dead-reason`).
     pub reason: String,
     /// The topic it died from.
@@ -67,6 +93,24 @@ pub struct ReplayReport {
     pub replayed: usize,
     /// Matching dead letters that carry no job (left alone).
     pub not_jobs: usize,
+    /// Whether it read on from the last replay's position (a replay
+    /// without a filter, not `again`), and moved it to the end.
+    pub since_last_replay: bool,
+    /// Dead letters before that position, not read (replayed or passed
+    /// over before; `again` or a filter reads them).
+    pub earlier_not_read: i64,
+}
+
+/// The newest dead letters, for a page: at most `n`, newest last, and how
+/// many the topic holds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Newest {
+    /// Dead letters in the topic (all partitions, as of the read).
+    pub total: i64,
+    /// Records read to answer (at most `n` per partition).
+    pub read: usize,
+    /// The newest, by when they were dead-lettered, oldest first.
+    pub entries: Vec<DeadEntry>,
 }
 
 /// Why listing or replaying failed.
@@ -86,15 +130,59 @@ pub enum DlqError {
 /// Longest a read of the dead-letter topic to its end may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Every dead letter now in the topic (up to its end when called) that
-/// matches `filter`, oldest first per partition.
-pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
-    let mut out = Vec::new();
-    kafka::read_to_end(
+/// The consumer group whose committed positions mark how far the replays
+/// without a filter have gone.
+pub fn replay_group(cfg: &Config) -> String {
+    format!("kairos-dlq-replay.{}", cfg.topics.dead_letter)
+}
+
+/// The newest `n` dead letters (reading at most `n` from the end of each
+/// partition), without their payloads, and how many the topic holds.
+pub fn newest(cfg: &Config, n: usize) -> Result<Newest, DlqError> {
+    let mut out = Newest::default();
+    let spans = kafka::read_range(
         &cfg.kafka,
         "kairos-dlq-reader",
         &cfg.topics.dead_letter,
         None,
+        kafka::ReadFrom::Newest(n as i64),
+        READ_TIMEOUT,
+        |msg| {
+            out.read += 1;
+            let mut entry = entry_of(&RecordView::from_message(msg), &cfg.limits);
+            if let Some(job) = &mut entry.job {
+                job.payload = Vec::new();
+            }
+            out.entries.push(entry);
+        },
+    )?;
+    out.total = spans.iter().map(|s| s.end - s.low).sum();
+    out.entries
+        .sort_by_key(|e| (e.dead_at_ms.unwrap_or(i64::MIN), e.partition, e.offset));
+    let extra = out.entries.len().saturating_sub(n);
+    out.entries.drain(..extra);
+    Ok(out)
+}
+
+/// Every dead letter now in the topic (up to its end when called) that
+/// matches `filter`, oldest first per partition.
+pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
+    read(cfg, filter, kafka::ReadFrom::Start).map(|(entries, _)| entries)
+}
+
+/// The dead letters matching `filter` from `from` to the end, and what was read.
+fn read(
+    cfg: &Config,
+    filter: &Filter,
+    from: kafka::ReadFrom<'_>,
+) -> Result<(Vec<DeadEntry>, Vec<kafka::Span>), DlqError> {
+    let mut out = Vec::new();
+    let spans = kafka::read_range(
+        &cfg.kafka,
+        "kairos-dlq-reader",
+        &cfg.topics.dead_letter,
+        None,
+        from,
         READ_TIMEOUT,
         |msg| {
             let entry = entry_of(&RecordView::from_message(msg), &cfg.limits);
@@ -103,25 +191,39 @@ pub fn list(cfg: &Config, filter: &Filter) -> Result<Vec<DeadEntry>, DlqError> {
             }
         },
     )?;
-    Ok(out)
+    Ok((out, spans))
 }
 
-/// Replay the dead jobs `list` finds for `filter`; `progress` is called
-/// after every write with (replayed so far, matched).
+/// Replay the dead jobs that match `filter` (see the module doc for which
+/// are read: without a filter and without `again`, those since the last
+/// replay); `progress` is called after every write with (replayed so far,
+/// matched).
 pub async fn replay(
     cfg: &Config,
     filter: &Filter,
+    again: bool,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ReplayReport, DlqError> {
-    let entries = {
-        let (cfg, filter) = (cfg.clone(), filter.clone());
-        tokio::task::spawn_blocking(move || list(&cfg, &filter))
-            .await
-            .map_err(|e| DlqError::Task(e.to_string()))??
+    let group = replay_group(cfg);
+    let since_last = filter.is_empty() && !again;
+    let (entries, spans) = {
+        let (cfg, filter, group) = (cfg.clone(), filter.clone(), group.clone());
+        tokio::task::spawn_blocking(move || {
+            let from = if since_last {
+                kafka::ReadFrom::Committed(&group)
+            } else {
+                kafka::ReadFrom::Start
+            };
+            read(&cfg, &filter, from)
+        })
+        .await
+        .map_err(|e| DlqError::Task(e.to_string()))??
     };
     let producer = Producer::new(cfg)?;
     let mut report = ReplayReport {
         matched: entries.len(),
+        since_last_replay: since_last,
+        earlier_not_read: spans.iter().map(|s| s.from - s.low).sum(),
         ..ReplayReport::default()
     };
     for e in entries {
@@ -134,12 +236,23 @@ pub async fn replay(
         report.replayed += 1;
         progress(report.replayed, report.matched);
     }
+    // Every job above was acknowledged: the next replay starts after them.
+    if filter.is_empty() {
+        let (cfg, topic) = (cfg.clone(), cfg.topics.dead_letter.clone());
+        tokio::task::spawn_blocking(move || kafka::commit_ends(&cfg.kafka, &group, &topic, &spans))
+            .await
+            .map_err(|e| DlqError::Task(e.to_string()))??;
+    }
     Ok(report)
 }
 
 fn matches(e: &DeadEntry, f: &Filter) -> bool {
+    let at = e.dead_at_ms.unwrap_or(i64::MIN);
     f.origin_topic.as_ref().is_none_or(|t| *t == e.origin_topic)
         && f.reason.as_ref().is_none_or(|r| e.reason.contains(r.as_str()))
+        && (f.job_ids.is_empty() || e.job_id.as_ref().is_some_and(|id| f.job_ids.contains(id)))
+        && f.since_ms.is_none_or(|s| at >= s)
+        && f.until_ms.is_none_or(|u| at < u)
 }
 
 /// A dead-letter record as an entry: its reason and origin, and the job it
@@ -195,6 +308,7 @@ pub fn entry_of(view: &RecordView<'_>, limits: &wire::Limits) -> DeadEntry {
     DeadEntry {
         partition: view.partition,
         offset: view.offset,
+        dead_at_ms: view.timestamp_ms,
         reason,
         origin_topic,
         origin_partition,

@@ -152,9 +152,18 @@ enum DlqCommand {
     /// Write dead jobs back to their work topics (same id, key, payload and
     /// headers; attempt 1). At-least-once: replayed twice, they run twice
     /// unless the handler deduplicates on the job id.
+    ///
+    /// Without a filter it replays the dead letters written since the last
+    /// such replay (a position kept per partition), so running it again
+    /// replays only newer ones; `--again` starts from the beginning. With a
+    /// filter it replays every dead letter that matches, each time.
     Replay {
         #[command(flatten)]
         filter: DlqFilter,
+        /// Without a filter: replay from the topic's beginning, also what
+        /// earlier replays wrote back.
+        #[arg(long)]
+        again: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -192,14 +201,35 @@ struct DlqFilter {
     /// Only dead letters whose reason contains this text.
     #[arg(long)]
     reason: Option<String>,
+    /// Only the job with this id (repeat for several).
+    #[arg(long = "id")]
+    ids: Vec<String>,
+    /// Only dead letters written at or after this time (RFC 3339 or epoch ms).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only dead letters written before this time (RFC 3339 or epoch ms).
+    #[arg(long)]
+    until: Option<String>,
 }
 
-impl From<DlqFilter> for kairos::dlq::Filter {
-    fn from(f: DlqFilter) -> Self {
-        kairos::dlq::Filter {
+impl TryFrom<DlqFilter> for kairos::dlq::Filter {
+    type Error = anyhow::Error;
+    fn try_from(f: DlqFilter) -> anyhow::Result<Self> {
+        let time = |t: Option<String>, flag: &str| -> anyhow::Result<Option<i64>> {
+            t.map(|t| {
+                kairos::wire::parse_time(&t)
+                    .map(|t| t.timestamp_millis())
+                    .map_err(|p| anyhow::anyhow!("--{flag} {p}"))
+            })
+            .transpose()
+        };
+        Ok(kairos::dlq::Filter {
             origin_topic: f.topic,
             reason: f.reason,
-        }
+            job_ids: f.ids,
+            since_ms: time(f.since, "since")?,
+            until_ms: time(f.until, "until")?,
+        })
     }
 }
 
@@ -395,7 +425,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Dlq {
             command: DlqCommand::List { filter, json },
         } => {
-            let filter = filter.into();
+            let filter: kairos::dlq::Filter = filter.try_into()?;
             let c = cfg.clone();
             let entries = tokio::task::spawn_blocking(move || kairos::dlq::list(&c, &filter)).await??;
             if json {
@@ -423,9 +453,10 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Dlq {
-            command: DlqCommand::Replay { filter, json },
+            command: DlqCommand::Replay { filter, again, json },
         } => {
-            let report = kairos::dlq::replay(&cfg, &filter.into(), |done, of| {
+            let filter: kairos::dlq::Filter = filter.try_into()?;
+            let report = kairos::dlq::replay(&cfg, &filter, again, |done, of| {
                 if done % 1000 == 0 {
                     eprintln!("replayed {done} of {of}");
                 }
@@ -438,6 +469,18 @@ async fn main() -> anyhow::Result<()> {
                     "{} dead letters matched: {} jobs replayed, {} not jobs (left alone)",
                     report.matched, report.replayed, report.not_jobs
                 );
+                if report.since_last_replay {
+                    println!(
+                        "read from where the last replay stopped ({} earlier dead letters not read); \
+                         a second replay replays only what dies from now on; --again replays from the beginning",
+                        report.earlier_not_read
+                    );
+                } else {
+                    println!(
+                        "filtered (or --again): every match was replayed; a second run replays them again \
+                         (jobs run twice unless the handler deduplicates on the job id)"
+                    );
+                }
             }
         }
         Command::Keys {

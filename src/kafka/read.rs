@@ -1,5 +1,6 @@
-//! Reading partitions of a topic from their start to their end as of the
-//! call: the dead-letter listing, held keys read back on assignment and by
+//! Reading partitions of a topic up to their end as of the call, from their
+//! start, their newest records or a group's committed position: the
+//! dead-letter listing and replay, held keys read back on assignment and by
 //! `kairos keys`.
 
 use std::collections::HashMap;
@@ -30,6 +31,31 @@ pub enum ReadError {
     },
 }
 
+/// Where a read starts in each partition.
+#[derive(Clone, Copy, Debug)]
+pub enum ReadFrom<'a> {
+    /// Its first record.
+    Start,
+    /// At most this many records before its end.
+    Newest(i64),
+    /// Where the consumer group named here last committed (its first
+    /// record if it never did).
+    Committed(&'a str),
+}
+
+/// What a read covered in one partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The partition.
+    pub partition: i32,
+    /// Its first offset (records below are gone).
+    pub low: i64,
+    /// Where the read started.
+    pub from: i64,
+    /// Its end as of the call: the read stopped below it.
+    pub end: i64,
+}
+
 /// Call `each` with every record of `partitions` of `topic` (all of them
 /// when `None`), from each partition's start to its end as of the call, in
 /// order per partition; fail after `timeout`.
@@ -39,11 +65,29 @@ pub fn read_to_end(
     topic: &str,
     partitions: Option<&[i32]>,
     timeout: Duration,
-    mut each: impl FnMut(&BorrowedMessage<'_>),
+    each: impl FnMut(&BorrowedMessage<'_>),
 ) -> Result<(), ReadError> {
+    read_range(cfg, client_id, topic, partitions, ReadFrom::Start, timeout, each).map(|_| ())
+}
+
+/// [`read_to_end`], each partition from where `from` says; returns what
+/// was read of each partition.
+pub fn read_range(
+    cfg: &KafkaConfig,
+    client_id: &str,
+    topic: &str,
+    partitions: Option<&[i32]>,
+    from: ReadFrom<'_>,
+    timeout: Duration,
+    mut each: impl FnMut(&BorrowedMessage<'_>),
+) -> Result<Vec<Span>, ReadError> {
+    let group = match from {
+        ReadFrom::Committed(group) => group,
+        _ => client_id,
+    };
     let mut rc = super::base_config(cfg, client_id);
     rc.set("enable.auto.commit", "false")
-        .set("group.id", client_id)
+        .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "true");
     let consumer: BaseConsumer = rc.create()?;
@@ -59,19 +103,47 @@ pub fn read_to_end(
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect(),
     };
+    let committed: HashMap<i32, i64> = match from {
+        ReadFrom::Committed(_) => {
+            let mut tpl = TopicPartitionList::new();
+            for p in &all {
+                tpl.add_partition(topic, *p);
+            }
+            super::retry_until("committed offsets", deadline, || {
+                consumer.committed_offsets(tpl.clone(), meta_timeout)
+            })?
+            .elements()
+            .iter()
+            .filter_map(|e| Some((e.partition(), e.offset().to_raw().filter(|o| *o >= 0)?)))
+            .collect()
+        }
+        _ => HashMap::new(),
+    };
     let mut tpl = TopicPartitionList::new();
     let mut left = HashMap::new();
+    let mut spans = Vec::new();
     for p in all {
         let (low, high) = super::retry_until("watermarks", deadline, || {
             consumer.fetch_watermarks(topic, p, meta_timeout)
         })?;
-        if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+        let start = match from {
+            ReadFrom::Start => low,
+            ReadFrom::Newest(n) => (high - n.max(0)).max(low),
+            ReadFrom::Committed(_) => committed.get(&p).copied().unwrap_or(low).clamp(low, high),
+        };
+        spans.push(Span {
+            partition: p,
+            low,
+            from: start,
+            end: high,
+        });
+        if high > start {
+            tpl.add_partition_offset(topic, p, Offset::Offset(start))?;
             left.insert(p, high);
         }
     }
     if left.is_empty() {
-        return Ok(());
+        return Ok(spans);
     }
     consumer.assign(&tpl)?;
     while !left.is_empty() {
@@ -111,5 +183,20 @@ pub fn read_to_end(
         }
         each(&msg);
     }
+    Ok(spans)
+}
+
+/// Commit `spans`' ends as the group `group`'s positions in `topic` (a
+/// group with no members: a reader's own bookmark, read back with
+/// [`ReadFrom::Committed`]).
+pub fn commit_ends(cfg: &KafkaConfig, group: &str, topic: &str, spans: &[Span]) -> Result<(), ReadError> {
+    let mut rc = super::base_config(cfg, group);
+    rc.set("enable.auto.commit", "false").set("group.id", group);
+    let consumer: BaseConsumer = rc.create()?;
+    let mut tpl = TopicPartitionList::new();
+    for s in spans {
+        tpl.add_partition_offset(topic, s.partition, Offset::Offset(s.end))?;
+    }
+    consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 protocol: load the page, wait for it to show /status and /dlq, read what it
 shows (the dead letters' cells as text, and whether any markup from them
 ran: `document.body.dataset.pwned` is what the test's hostile dead letters
-would set), click "Replay all dead jobs", wait for the answer, save a
+would set), click "Replay new dead jobs", wait for the answer, save a
 screenshot.
 
 Usage: dashboard.py URL SCREENSHOT.png

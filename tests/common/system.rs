@@ -119,6 +119,13 @@ pub async fn enqueue_all(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, 
 /// Run the `kairos` binary with `cfg` written to a file in `dir`, and read
 /// what it prints as JSON (the command must succeed).
 pub fn kairos_json(cfg: &Config, dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&kairos_text(cfg, dir, args)).expect("kairos printed JSON")
+}
+
+/// Run the `kairos` binary with `cfg` (written to a file in `dir`) and
+/// `args`; what it printed on stdout (it must succeed).
+#[allow(dead_code)]
+pub fn kairos_text(cfg: &Config, dir: &std::path::Path, args: &[&str]) -> String {
     let file = dir.join("kairos.toml");
     std::fs::write(&file, toml::to_string(cfg).expect("config as TOML")).expect("config file");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
@@ -132,5 +139,5 @@ pub fn kairos_json(cfg: &Config, dir: &std::path::Path, args: &[&str]) -> serde_
         "kairos {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("kairos printed JSON")
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -112,11 +112,15 @@ async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic
     // Replay everything: the three jobs go back; the record that never was
     // a job stays where it is.
     let mut seen_progress = 0;
-    let report = dlq::replay(&cfg, &Filter::default(), |done, _| seen_progress = done)
+    let report = dlq::replay(&cfg, &Filter::default(), false, |done, _| seen_progress = done)
         .await
         .unwrap();
     assert_eq!((report.matched, report.replayed, report.not_jobs), (4, 3, 1));
     assert_eq!(seen_progress, 3);
+    assert!(
+        report.since_last_replay && report.earlier_not_read == 0,
+        "{report:?}"
+    );
 
     // The same group reads on from where it stopped: only the replays.
     let ran: Arc<Mutex<HashMap<JobId, Ran>>> = Arc::default();
@@ -134,13 +138,75 @@ async fn dead_jobs_are_listed_with_their_reason_and_replayed_to_their_work_topic
         (system.worker.stats().succeeded == 3).then_some(())
     });
     system.stop().await;
-    let ran = ran.lock().unwrap();
-    assert_eq!(ran.keys().copied().collect::<HashSet<_>>(), dead_ids);
-    for (attempt, trace) in ran.values() {
-        assert_eq!(*attempt, 1, "attempt reset");
-        assert!(
-            trace.as_deref().is_some_and(|t| t.starts_with(b"t")),
-            "headers kept"
-        );
+    {
+        let ran = ran.lock().unwrap();
+        assert_eq!(ran.keys().copied().collect::<HashSet<_>>(), dead_ids);
+        for (attempt, trace) in ran.values() {
+            assert_eq!(*attempt, 1, "attempt reset");
+            assert!(
+                trace.as_deref().is_some_and(|t| t.starts_with(b"t")),
+                "headers kept"
+            );
+        }
     }
+
+    // What a second replay does: without a filter, nothing (everything was
+    // replayed); by job id, that job again; `again`, all of them again.
+    let written = || crate::common::record_count(&cfg.kafka.brokers, &work);
+    let before = written();
+    let second = dlq::replay(&cfg, &Filter::default(), false, |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!((second.matched, second.replayed), (0, 0), "{second:?}");
+    assert_eq!(second.earlier_not_read, 4, "{second:?}");
+    let one = dead_ids.iter().next().unwrap().to_string();
+    let by_id = Filter {
+        job_ids: vec![one.clone()],
+        ..Filter::default()
+    };
+    let picked = dlq::replay(&cfg, &by_id, false, |_, _| {}).await.unwrap();
+    assert_eq!((picked.matched, picked.replayed), (1, 1), "{picked:?}");
+    assert!(!picked.since_last_replay);
+    let future = Filter {
+        since_ms: Some(chrono::Utc::now().timestamp_millis() + 60_000),
+        ..Filter::default()
+    };
+    let none = dlq::replay(&cfg, &future, false, |_, _| {}).await.unwrap();
+    assert_eq!(none.matched, 0, "dead letters are not from the future: {none:?}");
+    let again = dlq::replay(&cfg, &Filter::default(), true, |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!((again.matched, again.replayed), (4, 3), "{again:?}");
+    assert_eq!(written() - before, 4, "one job by id, then the three again");
+    // The command line's report says what a second replay does.
+    let out = crate::common::system::kairos_text(&cfg, dir.path(), &["dlq", "replay"]);
+    assert!(
+        out.contains("0 jobs replayed") && out.contains("a second replay replays only what dies from now on"),
+        "{out}"
+    );
+
+    // The newest dead letters, read from the ends: at most 2 per partition.
+    let cfg2 = cfg.clone();
+    let newest = tokio::task::spawn_blocking(move || dlq::newest(&cfg2, 2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(newest.total, 4);
+    assert_eq!(newest.entries.len(), 2, "{newest:?}");
+    assert!(
+        newest.read <= 2 * cfg.topics.dead_letter_partitions as usize,
+        "read {} records for the newest 2",
+        newest.read
+    );
+    let all = dead_letters(&cfg, Filter::default()).await;
+    let mut times: Vec<i64> = all.iter().filter_map(|e| e.dead_at_ms).collect();
+    times.sort_unstable();
+    assert!(
+        newest.entries.iter().all(|e| e.dead_at_ms >= Some(times[2])),
+        "the two newest: {newest:?}"
+    );
+    assert!(newest
+        .entries
+        .iter()
+        .all(|e| e.job.as_ref().is_none_or(|j| j.payload.is_empty())));
 }

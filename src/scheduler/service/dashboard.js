@@ -87,7 +87,8 @@ document.getElementById("replay").addEventListener("click", async () => {
   set("replay-result", "replaying…");
   try {
     const r = await getJson("/dlq/replay", { method: "POST", headers: Object.assign({ "x-kairos-action": "replay" }, auth) });
-    set("replay-result", `replayed ${r.replayed} of ${r.matched} dead letters (${r.not_jobs} carry no job)`);
+    set("replay-result", `replayed ${r.replayed} of ${r.matched} dead letters written since the last replay ` +
+      `(${r.not_jobs} carry no job; ${r.earlier_not_read} earlier ones not replayed again)`);
     document.body.dataset.replayed = String(r.replayed);
   } catch (e) {
     set("replay-result", "replay failed: " + e.message);

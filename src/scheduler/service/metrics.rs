@@ -294,22 +294,28 @@ impl Source for SchedulerHandle {
         Some(DASHBOARD)
     }
 
-    /// The newest 200 records of the dead-letter topic, and how many there are.
+    /// The newest 200 dead letters (read from the partitions' ends, their
+    /// payloads dropped), and how many there are.
     fn dead_letters(&self) -> Result<serde_json::Value, String> {
-        let all =
-            crate::dlq::list(&self.shared.cfg, &crate::dlq::Filter::default()).map_err(|e| e.to_string())?;
-        let total = all.len();
-        let newest = &all[total.saturating_sub(200)..];
-        Ok(json!({"total": total, "topic": self.shared.cfg.topics.dead_letter, "entries": newest}))
+        let cfg = &self.shared.cfg;
+        let newest = crate::dlq::newest(cfg, 200).map_err(|e| e.to_string())?;
+        Ok(json!({
+            "total": newest.total,
+            "read": newest.read,
+            "topic": cfg.topics.dead_letter,
+            "entries": newest.entries,
+        }))
     }
 
-    /// Replay every dead job (as `kairos dlq replay`), from the blocking pool.
+    /// Replay the dead jobs written since the last replay (as `kairos dlq
+    /// replay`), from the blocking pool.
     fn replay_dead_letters(&self) -> Result<serde_json::Value, String> {
         let cfg = self.shared.cfg.clone();
         let report = tokio::runtime::Handle::current()
             .block_on(crate::dlq::replay(
                 &cfg,
                 &crate::dlq::Filter::default(),
+                false,
                 |_, _| {},
             ))
             .map_err(|e| e.to_string())?;
