@@ -196,6 +196,130 @@ async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order(
     assert_eq!(order, vec!["1", "2", "3"], "job 1 ran once, then was released");
 }
 
+/// A blocker that runs out of attempts is dead-lettered, and its key goes
+/// at once: its later jobs run, in order, without waiting for
+/// `hold_give_up`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocker_dead_lettered_at_its_last_attempt_lets_its_key_go_and_the_rest_run_in_order() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = one_partition(broker, dir.path());
+    cfg.worker.max_attempts = 2;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let (starts, sys) = recorded(&cfg, move |job, _| {
+        if job.payload == b"1" {
+            Outcome::retry_after(Duration::from_millis(300), "never works")
+        } else {
+            Outcome::done()
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    let mut ids = Vec::new();
+    for n in 1..=4 {
+        let job = Job::new(&work, "K", n.to_string().into_bytes());
+        ids.push(producer.enqueue(job).await.unwrap());
+    }
+    let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 1, T);
+    assert_eq!(header(&dead[0], "kairos-id"), Some(ids[0].to_string().as_bytes()));
+    wait_for("K's other jobs to run", T, || {
+        (starts.lock().unwrap().iter().filter(|x| x.payload != "1").count() >= 3).then_some(())
+    });
+    wait_for("K to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let order: Vec<(&str, u32)> = s.iter().map(|x| (x.payload.as_str(), x.attempt)).collect();
+    assert_eq!(
+        order,
+        vec![("1", 1), ("1", 2), ("2", 1), ("3", 1), ("4", 1)],
+        "job 1's two attempts, then the rest in order"
+    );
+}
+
+/// A handler's `rate_limited` on a hold-key topic holds its own key: the
+/// key's later jobs wait until the job has run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_job_holds_its_key_until_it_has_run_again() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_partition(broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let pause = Duration::from_secs(2);
+    let (starts, sys) = recorded(&cfg, move |job, s| {
+        let first = s.lock().unwrap().iter().filter(|x| x.payload == "1").count() == 1;
+        if job.payload == b"1" && first {
+            Outcome::rate_limited_for(pause)
+        } else {
+            Outcome::done()
+        }
+    });
+    let producer = Producer::new(&cfg).unwrap();
+    for n in 1..=3 {
+        let job = Job::new(&work, "K", n.to_string().into_bytes());
+        producer.enqueue(job).await.unwrap();
+    }
+    wait_for("K's jobs to run", T, || {
+        (starts.lock().unwrap().len() >= 4).then_some(())
+    });
+    wait_for("K to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+    sys.stop().await;
+    let s = starts.lock().unwrap().clone();
+    let order: Vec<(&str, u32)> = s.iter().map(|x| (x.payload.as_str(), x.attempt)).collect();
+    assert_eq!(
+        order,
+        vec![("1", 1), ("1", 1), ("2", 1), ("3", 1)],
+        "no attempt spent, order kept"
+    );
+    assert!(
+        s[1].at - s[0].at + TOLERANCE >= pause,
+        "ran again after {:?}",
+        s[1].at - s[0].at
+    );
+}
+
+/// A held-topic record that does not decode, read back when a worker takes
+/// the partition, is an error naming the key and counted, not a silent loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_hold_record_read_back_is_counted_and_logged_with_its_key() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = one_partition(broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let raw: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    let mut key = work.as_bytes().to_vec();
+    key.push(0);
+    key.extend_from_slice(b"K");
+    raw.send(
+        BaseRecord::to(&cfg.topics.held)
+            .key(&key)
+            .payload("{not a hold")
+            .partition(0),
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    raw.flush(T).unwrap();
+    let (_starts, sys) = recorded(&cfg, |_, _| Outcome::done());
+    wait_for("the worker to own its partition", T, || {
+        (sys.worker.stats().owned == 1).then_some(())
+    });
+    let unreadable = sys.worker.stats().holds_unreadable;
+    sys.stop().await;
+    assert_eq!(unreadable, 1, "the unreadable record was counted when read back");
+}
+
 /// The broker compacts the held topic, and a worker that takes the
 /// partition over rebuilds its holds from what compaction left: keys still
 /// held stay held (their later jobs wait for the failing one to succeed),

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::keeper::ParkedJob;
 use super::offsets::{finish_in, write_in_background};
@@ -54,8 +54,14 @@ pub(super) fn load(shared: &Shared, tps: &[Tp]) -> Result<(), WorkerError> {
             }
             match record::decode(m.payload()) {
                 Ok(hold) => found.push((tp, key.to_vec(), hold)),
-                Err(e) => warn!(topic, key = %String::from_utf8_lossy(key), partition = tp.1,
-                    offset = m.offset(), error = %e, "held-topic record unreadable; ignored"),
+                Err(e) => {
+                    shared.stats.holds_unreadable.fetch_add(1, Ordering::Relaxed);
+                    error!(topic, key = %String::from_utf8_lossy(key), partition = tp.1,
+                        offset = m.offset(), error = %e,
+                        "held-topic record unreadable: this key's hold is not known, and its later jobs \
+                         may run out of order; the key's last readable hold, if any, stands \
+                         (kairos keys release KEY lets the key go)");
+                }
             }
         },
     )

@@ -166,6 +166,12 @@ impl Source for WorkerHandle {
             self.shared.stats.hold_overflow.load(Ordering::Relaxed),
         )
         .counter(
+            "kairos_worker_hold_records_unreadable",
+            "Held-topic records read back that did not decode (each logged as an error with its \
+                 key: its order through the hand-over is not known).",
+            self.shared.stats.holds_unreadable.load(Ordering::Relaxed),
+        )
+        .counter(
             "kairos_worker_released_keys",
             "Key releases read (kairos keys release).",
             self.shared.stats.released.load(Ordering::Relaxed),

@@ -22,6 +22,8 @@ pub(super) struct Stats {
     pub(super) hold_overflow: AtomicU64,
     /// Keys released by an operator.
     pub(super) released: AtomicU64,
+    /// Held-topic records read back that did not decode.
+    pub(super) holds_unreadable: AtomicU64,
     /// Start − run-at of each handler run.
     pub(super) start_delay: crate::admin::Histogram,
     /// How long each handler run took.
@@ -65,6 +67,9 @@ pub struct WorkerStats {
     pub deferred: u64,
     /// Jobs parked behind a held key.
     pub parked: u64,
+    /// Held-topic records read back on assignment that did not decode (each
+    /// logged as an error with its key: that key's order is not known).
+    pub holds_unreadable: u64,
     /// Keys held now.
     pub held_keys: usize,
     /// Partitions owned now.
@@ -98,6 +103,7 @@ pub(super) fn stats(shared: &Shared) -> WorkerStats {
         handed_to_scheduler: s.handed_to_scheduler.load(Ordering::Relaxed),
         deferred: s.deferred.load(Ordering::Relaxed),
         parked: s.parked.load(Ordering::Relaxed),
+        holds_unreadable: s.holds_unreadable.load(Ordering::Relaxed),
         held_keys: st.holds.len(),
         owned: st.owned.len(),
         open: st.tracker.open(),
