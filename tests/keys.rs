@@ -72,6 +72,41 @@ fn one_partition(broker: &Broker, dir: &std::path::Path) -> Config {
     cfg
 }
 
+/// Jobs 1 to `n` of key `K` (payload: the number), written in order;
+/// their ids.
+async fn write_k(cfg: &Config, n: u32) -> Vec<kairos::JobId> {
+    let producer = Producer::new(cfg).unwrap();
+    let mut ids = Vec::new();
+    for i in 1..=n {
+        let job = Job::new(&cfg.topics.work[0], "K", i.to_string().into_bytes());
+        ids.push(producer.enqueue(job).await.unwrap());
+    }
+    ids
+}
+
+/// A scheduler and a worker whose handler fails job 1 every time (its
+/// retry after `retry`) and takes the others.
+fn job_1_never_works(cfg: &Config, retry: Duration) -> (Starts, common::system::System) {
+    recorded(cfg, move |job, _| {
+        if job.payload == b"1" {
+            Outcome::retry_after(retry, "never works")
+        } else {
+            Outcome::done()
+        }
+    })
+}
+
+/// Wait until `n` starts of jobs other than job 1 were recorded and every
+/// key was let go.
+fn wait_rest_ran_and_let_go(starts: &Starts, sys: &common::system::System, n: usize) {
+    wait_for("K's other jobs to run", T, || {
+        (starts.lock().unwrap().iter().filter(|x| x.payload != "1").count() >= n).then_some(())
+    });
+    wait_for("K to be let go", T, || {
+        (sys.worker.stats().held_keys == 0).then_some(())
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_move_on() {
     let _serial = SERIAL.lock().await;
@@ -150,24 +185,8 @@ async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order(
     let dir = tempfile::tempdir().unwrap();
     let cfg = one_partition(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let (starts, sys) = recorded(&cfg, move |job, _| {
-        if job.payload == b"1" {
-            Outcome::retry_after(Duration::from_secs(3), "never works")
-        } else {
-            Outcome::done()
-        }
-    });
-    let producer = Producer::new(&cfg).unwrap();
-    let mut ids = Vec::new();
-    for n in 1..=3 {
-        ids.push(
-            producer
-                .enqueue(Job::new(&work, "K", n.to_string().into_bytes()))
-                .await
-                .unwrap(),
-        );
-    }
+    let (starts, sys) = job_1_never_works(&cfg, Duration::from_secs(3));
+    let ids = write_k(&cfg, 3).await;
     wait_for("K to be held with jobs parked", T, || {
         let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
         (held[0]["parked"] == 2).then_some(())
@@ -184,12 +203,7 @@ async fn a_released_key_dead_letters_its_failing_job_and_runs_the_rest_in_order(
     let reason = String::from_utf8_lossy(header(&dead[0], "kairos-dead-reason").unwrap()).into_owned();
     assert!(reason.contains("released"), "{reason}");
     assert_eq!(header(&dead[0], "kairos-id"), Some(ids[0].to_string().as_bytes()));
-    wait_for("K's other jobs to run", T, || {
-        (starts.lock().unwrap().iter().filter(|x| x.payload != "1").count() >= 2).then_some(())
-    });
-    wait_for("K to be let go", T, || {
-        (sys.worker.stats().held_keys == 0).then_some(())
-    });
+    wait_rest_ran_and_let_go(&starts, &sys, 2);
     sys.stop().await;
     let s = starts.lock().unwrap().clone();
     let order: Vec<&str> = s.iter().map(|x| x.payload.as_str()).collect();
@@ -207,28 +221,11 @@ async fn a_blocker_dead_lettered_at_its_last_attempt_lets_its_key_go_and_the_res
     let mut cfg = one_partition(broker, dir.path());
     cfg.worker.max_attempts = 2;
     kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let (starts, sys) = recorded(&cfg, move |job, _| {
-        if job.payload == b"1" {
-            Outcome::retry_after(Duration::from_millis(300), "never works")
-        } else {
-            Outcome::done()
-        }
-    });
-    let producer = Producer::new(&cfg).unwrap();
-    let mut ids = Vec::new();
-    for n in 1..=4 {
-        let job = Job::new(&work, "K", n.to_string().into_bytes());
-        ids.push(producer.enqueue(job).await.unwrap());
-    }
+    let (starts, sys) = job_1_never_works(&cfg, Duration::from_millis(300));
+    let ids = write_k(&cfg, 4).await;
     let dead = read_n(&cfg.kafka.brokers, &cfg.topics.dead_letter, 1, T);
     assert_eq!(header(&dead[0], "kairos-id"), Some(ids[0].to_string().as_bytes()));
-    wait_for("K's other jobs to run", T, || {
-        (starts.lock().unwrap().iter().filter(|x| x.payload != "1").count() >= 3).then_some(())
-    });
-    wait_for("K to be let go", T, || {
-        (sys.worker.stats().held_keys == 0).then_some(())
-    });
+    wait_rest_ran_and_let_go(&starts, &sys, 3);
     sys.stop().await;
     let s = starts.lock().unwrap().clone();
     let order: Vec<(&str, u32)> = s.iter().map(|x| (x.payload.as_str(), x.attempt)).collect();
@@ -248,7 +245,6 @@ async fn a_rate_limited_job_holds_its_key_until_it_has_run_again() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = one_partition(broker, dir.path());
     kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
     let pause = Duration::from_secs(2);
     let (starts, sys) = recorded(&cfg, move |job, s| {
         let first = s.lock().unwrap().iter().filter(|x| x.payload == "1").count() == 1;
@@ -258,17 +254,8 @@ async fn a_rate_limited_job_holds_its_key_until_it_has_run_again() {
             Outcome::done()
         }
     });
-    let producer = Producer::new(&cfg).unwrap();
-    for n in 1..=3 {
-        let job = Job::new(&work, "K", n.to_string().into_bytes());
-        producer.enqueue(job).await.unwrap();
-    }
-    wait_for("K's jobs to run", T, || {
-        (starts.lock().unwrap().len() >= 4).then_some(())
-    });
-    wait_for("K to be let go", T, || {
-        (sys.worker.stats().held_keys == 0).then_some(())
-    });
+    write_k(&cfg, 3).await;
+    wait_rest_ran_and_let_go(&starts, &sys, 2);
     sys.stop().await;
     let s = starts.lock().unwrap().clone();
     let order: Vec<(&str, u32)> = s.iter().map(|x| (x.payload.as_str(), x.attempt)).collect();
