@@ -139,29 +139,18 @@ pub fn replay_group(cfg: &Config) -> String {
 /// The newest `n` dead letters (reading at most `n` from the end of each
 /// partition), without their payloads, and how many the topic holds.
 pub fn newest(cfg: &Config, n: usize) -> Result<Newest, DlqError> {
-    let mut out = Newest::default();
-    let spans = kafka::read_range(
-        &cfg.kafka,
-        "kairos-dlq-reader",
-        &cfg.topics.dead_letter,
-        None,
-        kafka::ReadFrom::Newest(n as i64),
-        READ_TIMEOUT,
-        |msg| {
-            out.read += 1;
-            let mut entry = entry_of(&RecordView::from_message(msg), &cfg.limits);
-            if let Some(job) = &mut entry.job {
-                job.payload = Vec::new();
-            }
-            out.entries.push(entry);
-        },
-    )?;
-    out.total = spans.iter().map(|s| s.end - s.low).sum();
-    out.entries
-        .sort_by_key(|e| (e.dead_at_ms.unwrap_or(i64::MIN), e.partition, e.offset));
-    let extra = out.entries.len().saturating_sub(n);
-    out.entries.drain(..extra);
-    Ok(out)
+    let (mut entries, spans) = read(cfg, &Filter::default(), kafka::ReadFrom::Newest(n as i64))?;
+    let read = entries.len();
+    for job in entries.iter_mut().filter_map(|e| e.job.as_mut()) {
+        job.payload = Vec::new();
+    }
+    entries.sort_by_key(|e| (e.dead_at_ms.unwrap_or(i64::MIN), e.partition, e.offset));
+    entries.drain(..entries.len().saturating_sub(n));
+    Ok(Newest {
+        total: spans.iter().map(|s| s.end - s.low).sum(),
+        read,
+        entries,
+    })
 }
 
 /// Every dead letter now in the topic (up to its end when called) that

@@ -270,22 +270,10 @@ pub fn catch_up(
 
 /// How long the changelog keeps a tombstone after compaction (its
 /// `delete.retention.ms`), as the broker says; `None` if it cannot say.
-pub fn tombstone_retention(client: &ClientConfig, topic: &str, timeout: Duration) -> Option<Duration> {
-    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::config::FromClientConfig;
-    let admin = AdminClient::<DefaultClientContext>::from_config(client).ok()?;
-    let opts = AdminOptions::new().request_timeout(Some(timeout));
-    let answer =
-        futures::executor::block_on(admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &opts));
-    let resource = answer.ok()?.into_iter().next()?.ok()?;
-    let ms: u64 = resource
-        .get("delete.retention.ms")?
-        .value
-        .as_deref()?
-        .parse()
-        .ok()?;
-    Some(Duration::from_millis(ms))
+/// Blocks (called on the poll thread, in the assignment callback).
+pub fn tombstone_retention(cfg: &crate::config::Config, topic: &str) -> Option<Duration> {
+    let ms = futures::executor::block_on(crate::topics::setting(cfg, topic, "delete.retention.ms"))?;
+    Some(Duration::from_millis(ms.parse().ok()?))
 }
 
 /// Whether a store whose checkpoint of a partition was last written at

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -165,7 +165,7 @@ fn stale_partitions(shared: &Shared, parts: &[i32]) -> Vec<i32> {
         return Vec::new();
     }
     let topic = &shared.cfg.topics.changelog;
-    let retention = changelog::tombstone_retention(&shared.reader_config, topic, Duration::from_secs(10))
+    let retention = changelog::tombstone_retention(&shared.cfg, topic)
         .unwrap_or_else(crate::topics::changelog_tombstone_retention);
     written
         .into_iter()
