@@ -21,7 +21,7 @@ mod read;
 mod transient;
 
 pub use reach::{reach, Unreachable};
-pub use read::{commit_ends, read_range, read_to_end, ReadError, ReadFrom, Span};
+pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
 pub use transient::{retry_until, transient};
 
 /// Settings shared by every client: bootstrap servers, a client id, and the

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::kafka;
 use crate::wire;
-use crate::worker::hold::{record, Cause, Hold};
+use crate::worker::hold::{claim, record, Cause, Hold};
 
 /// One held key, as the held topic says now.
 #[derive(Clone, Debug, Serialize)]
@@ -86,13 +86,28 @@ pub fn blocked(cfg: &Config, topic: Option<&str>) -> Result<Vec<HeldKey>, KeysEr
             );
         },
     )?;
+    // Only the records of the claim each partition's worker committed last
+    // count (see `worker::hold::claim`).
+    let mut partitions: Vec<(String, i32)> = last
+        .keys()
+        .filter_map(|(p, k)| Some((record::split_key(k)?.1.to_string(), *p)))
+        .collect();
+    partitions.sort();
+    partitions.dedup();
+    let claims = kafka::committed_metadata(&cfg.kafka, &cfg.worker.group_id, &partitions, READ_TIMEOUT)?;
     let now = chrono::Utc::now().timestamp_millis();
     let mut out: Vec<HeldKey> = last
         .into_iter()
         .filter_map(|((partition, k), hold)| {
             let hold = hold?;
-            let (t, key) = record::split_key(&k)?;
+            let (claim, t, key) = record::split_key(&k)?;
             if topic.is_some_and(|want| want != t) {
+                return None;
+            }
+            let committed = claims
+                .get(&(t.to_string(), partition))
+                .and_then(|m| claim::of_metadata(m));
+            if claim != committed {
                 return None;
             }
             let b = hold.blocker.as_ref();

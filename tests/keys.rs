@@ -412,6 +412,114 @@ async fn a_worker_taking_over_rebuilds_holds_from_a_held_topic_the_broker_compac
     assert!(again.is_empty(), "keys let go before ran again: {again:?}");
 }
 
+/// The last live record of key `K` in the held topic now: its record key
+/// and value, as a worker wrote them.
+fn last_hold_of_k(cfg: &Config) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut last = None;
+    kairos::kafka::read_to_end(
+        &cfg.kafka,
+        &common::unique("held-of-k"),
+        &cfg.topics.held,
+        None,
+        T,
+        |m| {
+            use rdkafka::Message as _;
+            let key = m.key().unwrap_or_default();
+            if key.ends_with(b"\0K") {
+                last = m.payload().map(|v| (key.to_vec(), v.to_vec()));
+            }
+        },
+    )
+    .unwrap();
+    last
+}
+
+/// A worker that lost its partition may still write a hold afterwards: a
+/// write queued in its Kafka client while the broker was away lands after
+/// the next owner's. Such a record must not count for any later owner. The
+/// late write is made here by the test, with the bytes the first worker
+/// wrote (a fault the real worker cannot be made to produce on demand):
+/// without fencing, the third worker reads K as held by a job that has
+/// long succeeded and parks K's next job behind it until the give-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_written_late_by_a_worker_that_lost_its_partition_does_not_count() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = one_partition(broker, dir.path());
+    // Longer than the test waits: only fencing lets K go in time.
+    cfg.worker.hold_give_up = Duration::from_secs(600);
+    kairos::topics::init(&cfg).await.unwrap();
+    // The first worker: K's job 1 fails, so K is held and job 2 parked.
+    let (_, first) = job_1_never_works(&cfg, Duration::from_secs(2));
+    write_k(&cfg, 2).await;
+    wait_for("K held, job 2 parked", T, || {
+        let st = first.worker.stats();
+        (st.held_keys == 1 && st.parked >= 1).then_some(())
+    });
+    let (late_key, late_value) = wait_for("K's hold written", T, || last_hold_of_k(&cfg));
+    first.stop().await;
+
+    // The second worker: job 1's retry succeeds, job 2 runs, K is let go.
+    let (starts, second) = recorded(&cfg, |_, _| Outcome::done());
+    wait_rest_ran_and_let_go(&starts, &second, 1);
+    // The first worker's late write lands now.
+    let raw: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    raw.send(
+        BaseRecord::to(&cfg.topics.held)
+            .key(&late_key)
+            .payload(&late_value)
+            .partition(0),
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    raw.flush(T).unwrap();
+    second.stop().await;
+
+    // The third worker: K is not held, its next job runs at once.
+    let (starts, third) = recorded(&cfg, |_, _| Outcome::done());
+    wait_for("the third worker to own the partition", T, || {
+        (third.worker.stats().owned == 1).then_some(())
+    });
+    let held = third.worker.stats().held_keys;
+    let listed = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        move || kairos::keys::blocked(&cfg, None).unwrap()
+    })
+    .await
+    .unwrap();
+    let producer = Producer::new(&cfg).unwrap();
+    producer
+        .enqueue(Job::new(&cfg.topics.work[0], "K", b"3".to_vec()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + T;
+    let ran = loop {
+        let ran = starts.lock().unwrap().iter().any(|x| x.payload == "3");
+        if ran || Instant::now() > deadline {
+            break ran;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    third.stop().await;
+    assert_eq!(
+        held, 0,
+        "the late record of the first worker was taken for K's hold"
+    );
+    assert!(
+        listed.is_empty(),
+        "`kairos keys blocked` lists the late record: {listed:?}"
+    );
+    assert!(
+        ran,
+        "K's next job did not run within {T:?}: K is held by the late record"
+    );
+}
+
 /// Whether `hay` holds `needle`.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)

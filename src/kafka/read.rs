@@ -200,3 +200,33 @@ pub fn commit_ends(cfg: &KafkaConfig, group: &str, topic: &str, spans: &[Span]) 
     consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
     Ok(())
 }
+
+/// The metadata group `group` committed with its offsets of `partitions`
+/// (topic and partition), for those that have one.
+pub fn committed_metadata(
+    cfg: &KafkaConfig,
+    group: &str,
+    partitions: &[(String, i32)],
+    timeout: Duration,
+) -> Result<HashMap<(String, i32), String>, ReadError> {
+    if partitions.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut rc = super::base_config(cfg, group);
+    rc.set("enable.auto.commit", "false").set("group.id", group);
+    let consumer: BaseConsumer = rc.create()?;
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in partitions {
+        tpl.add_partition(topic, *p);
+    }
+    let deadline = Instant::now() + timeout;
+    let got = super::retry_until("committed offsets", deadline, || {
+        consumer.committed_offsets(tpl.clone(), timeout.min(Duration::from_secs(10)))
+    })?;
+    Ok(got
+        .elements()
+        .iter()
+        .filter(|e| !e.metadata().is_empty())
+        .map(|e| ((e.topic().to_string(), e.partition()), e.metadata().to_string()))
+        .collect())
+}

@@ -31,6 +31,7 @@
 //! This module is the decision only, pure and in memory; the worker service
 //! carries it out.
 
+pub mod claim;
 pub mod record;
 
 use serde::{Deserialize, Serialize};

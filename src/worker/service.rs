@@ -116,6 +116,9 @@ struct Owned {
     /// Distinguishes this ownership from a later one of the same partition,
     /// so a handler that outlives a revocation cannot move offsets.
     generation: u64,
+    /// The claim its held-topic records and commits carry (holdable
+    /// partitions only; see [`crate::worker::hold::claim`]).
+    claim: Option<u64>,
 }
 
 /// Mutable state shared by the poll thread and the handler tasks.
@@ -140,6 +143,11 @@ struct State {
     /// memory to run after them (not counted as buffered: what they wait
     /// for is further on in the partition).
     waiting: HashMap<(Tp, Vec<u8>), Vec<Entry>>,
+    /// When the group coordinator last answered this worker: an offset
+    /// commit it took, or an assignment (see [`Shared::in_touch`]).
+    heard: Option<std::time::Instant>,
+    /// Jobs are not started for want of such an answer.
+    out_of_touch: bool,
 }
 
 impl State {
@@ -236,6 +244,42 @@ impl Shared {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.finished.notify_all();
         }
+    }
+
+    /// Whether jobs may start: the group coordinator answered within half
+    /// the session timeout. A worker that has not heard from it for longer
+    /// may have lost its partitions without knowing yet (its session can
+    /// expire on the coordinator while the two cannot reach each other, and
+    /// the partitions go to another worker): a job it started then could
+    /// run beside the new owner's run of the same key. Such a worker keeps
+    /// what it has buffered and starts it once an answer comes.
+    fn in_touch(&self, st: &mut State) -> bool {
+        let window = self.cfg.worker.session_timeout / 2;
+        if st.heard.is_some_and(|t| t.elapsed() < window) {
+            return true;
+        }
+        if !st.out_of_touch && !st.owned.is_empty() {
+            tracing::warn!(for_at_least = ?window,
+                "no answer from the group coordinator: starting no job until one comes (the partitions may have moved)");
+        }
+        st.out_of_touch = true;
+        false
+    }
+
+    /// The group coordinator answered (a commit was taken): jobs held back
+    /// for want of an answer start.
+    fn heard_from_coordinator(&self) {
+        let starts = {
+            let mut st = self.state();
+            st.heard = Some(std::time::Instant::now());
+            if std::mem::take(&mut st.out_of_touch) {
+                tracing::info!("the group coordinator answered again: starting jobs");
+                drive::start_ready(self, &mut st)
+            } else {
+                Vec::new()
+            }
+        };
+        self.dispatch(starts);
     }
 
     /// Hand jobs started by the poll thread to a driver.

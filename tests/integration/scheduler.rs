@@ -177,7 +177,7 @@ async fn cancel_and_reschedule_take_effect() {
     assert_eq!(record_count(&cfg.kafka.brokers, &work), 2);
     let st = running.handle.stats();
     assert_eq!(st.pending, 1, "the rescheduled job waits for year 9999");
-    assert_eq!(st.cancelled, 1);
+    assert_eq!(st.cancelled, 1, "cancels counted: {st:?}");
     running.stop().await;
 }
 

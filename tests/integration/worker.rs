@@ -470,3 +470,71 @@ async fn a_handler_that_ignores_cancellation_is_released_at_the_deadline_and_its
     );
     sys_b.stop().await;
 }
+
+/// A worker that has not heard from the group coordinator for half its
+/// session timeout starts no job: its partitions may have moved without it
+/// knowing (its session can expire on the coordinator meanwhile), and a job
+/// it started then could run beside the new owner's run of the same key.
+/// It starts the rest once the coordinator answers again. The broker is
+/// stopped (SIGSTOP) for 5 s, less than the 6 s session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_out_of_touch_with_the_coordinator_for_half_its_session_starts_no_job() {
+    let broker = Broker::own();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker, dir.path());
+    cfg.worker.concurrency = 1;
+    assert_eq!(cfg.worker.session_timeout, Duration::from_secs(6));
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let jobs = (0..150)
+        .map(|i| Job::new(&work, format!("key-{i}"), b"x".to_vec()))
+        .collect();
+    enqueue_all(&producer, jobs).await;
+    let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let s = starts.clone();
+    let sys = run(&cfg, false, move |_job: Job, _ctx| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(Instant::now());
+            // Each job takes 100 ms: 150 jobs outlast the broker's stop.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Outcome::done()
+        }
+    });
+    wait_for("the first jobs to start", T, || {
+        (starts.lock().unwrap().len() >= 5).then_some(())
+    });
+    let pid = broker.node_pid(0).expect("the broker runs").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let stopped = Instant::now();
+    // The fault lasts 5 s.
+    std::thread::sleep(Duration::from_secs(5));
+    let resumed = Instant::now();
+    signal("-CONT");
+    wait_for("every job to start", Duration::from_secs(60), || {
+        (starts.lock().unwrap().len() >= 150).then_some(())
+    });
+    sys.stop().await;
+    let starts = starts.lock().unwrap().clone();
+    let between = |from: Instant, to: Instant| starts.iter().filter(|t| **t >= from && **t < to).count();
+    // The coordinator's last answer came before the stop: 3 s later (half
+    // the session) nothing starts. 300 ms for a commit answered just before.
+    let ran_on = between(stopped, stopped + Duration::from_millis(2500));
+    let late = between(stopped + Duration::from_millis(3300), resumed);
+    assert!(
+        ran_on >= 10,
+        "the worker ran on while it had heard lately: {ran_on} starts"
+    );
+    assert_eq!(
+        late, 0,
+        "jobs started with no answer from the coordinator for over 3 s"
+    );
+}

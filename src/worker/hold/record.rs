@@ -1,6 +1,8 @@
-//! Held keys as held-topic records: key = work topic, a zero byte, entity
-//! key; value = the [`Hold`] as JSON (`null` value: let go); partition =
-//! the work partition the key is read from.
+//! Held keys as held-topic records: key = the writer's claim (16 hex
+//! digits and a `/`, see [`super::claim`]; absent in records written before
+//! claims), work topic, a zero byte, entity key; value = the [`Hold`] as
+//! JSON (`null` value: let go); partition = the work partition the key is
+//! read from.
 
 use serde::{Deserialize, Serialize};
 
@@ -9,27 +11,38 @@ use crate::wire::OwnedRecord;
 
 use super::{Blocker, Change, Hold, Rare, Skip, NEVER, NO_OFFSET};
 
-/// The held-topic record key of `key` on work topic `topic`.
-pub fn record_key(topic: &str, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(topic.len() + 1 + key.len());
+/// The held-topic record key of `key` on work topic `topic`, written under
+/// `claim`.
+pub fn record_key(claim: Option<u64>, topic: &str, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17 + topic.len() + 1 + key.len());
+    if let Some(c) = claim {
+        out.extend_from_slice(format!("{c:016x}/").as_bytes());
+    }
     out.extend_from_slice(topic.as_bytes());
     out.push(0);
     out.extend_from_slice(key);
     out
 }
 
-/// The work topic and entity key of a held-topic record key.
-pub fn split_key(record_key: &[u8]) -> Option<(&str, &[u8])> {
+/// A held-topic record key's parts: the claim it was written under, the
+/// work topic and the entity key (a topic name has no `/`).
+pub fn split_key(record_key: &[u8]) -> Option<(Option<u64>, &str, &[u8])> {
     let at = record_key.iter().position(|b| *b == 0)?;
-    let topic = std::str::from_utf8(&record_key[..at]).ok()?;
-    Some((topic, &record_key[at + 1..]))
+    let head = std::str::from_utf8(&record_key[..at]).ok()?;
+    let (claim, topic) = match head.split_once('/') {
+        Some((hex, topic)) if hex.len() == 16 => (Some(u64::from_str_radix(hex, 16).ok()?), topic),
+        Some(_) => return None,
+        None => (None, head),
+    };
+    Some((claim, topic, &record_key[at + 1..]))
 }
 
-/// The record of `change` to `key` of `topic`, for held topic `held`.
-pub fn record(held: &str, topic: &str, key: &[u8], change: &Change) -> OwnedRecord {
+/// The record of `change` to `key` of `topic` under `claim`, for held
+/// topic `held`.
+pub fn record(held: &str, claim: Option<u64>, topic: &str, key: &[u8], change: &Change) -> OwnedRecord {
     OwnedRecord {
         topic: held.to_string(),
-        key: record_key(topic, key),
+        key: record_key(claim, topic, key),
         value: match change {
             Change::Put(h) => Some(serde_json::to_vec(h).expect("a hold serializes")),
             Change::Let => None,
@@ -118,9 +131,13 @@ mod tests {
 
     #[test]
     fn keys_and_values_round_trip() {
-        let k = record_key("crawl", b"a\0b");
-        assert_eq!(split_key(&k), Some(("crawl", &b"a\0b"[..])));
+        let k = record_key(None, "crawl", b"a\0b");
+        assert_eq!(split_key(&k), Some((None, "crawl", &b"a\0b"[..])));
+        let k = record_key(Some(0xab), "crawl", b"a/\0b");
+        assert_eq!(&k[..17], b"00000000000000ab/");
+        assert_eq!(split_key(&k), Some((Some(0xab), "crawl", &b"a/\0b"[..])));
         assert_eq!(split_key(b"no-zero"), None);
+        assert_eq!(split_key(b"xyz/crawl\0k"), None, "not a claim");
         let hold = Hold {
             blocker: Some(Blocker {
                 id: crate::JobId::new(),
@@ -143,14 +160,14 @@ mod tests {
             rare: None,
             parked_to: 41,
         };
-        let rec = record("kairos.held", "crawl", b"k", &Change::Put(hold.clone()));
+        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
         assert_eq!(back.parked_to, 41, "kept");
         assert!(!back.blocker.as_ref().unwrap().arrived, "not kept");
         assert_eq!((back.admitted_seq, back.done_seq, back.last_seq), (0, 1, 4));
         assert_eq!(back.blocker.unwrap().id, hold.blocker.unwrap().id);
         assert_eq!(decode(None).unwrap(), None);
-        let tomb = record("kairos.held", "crawl", b"k", &Change::Let);
+        let tomb = record("kairos.held", None, "crawl", b"k", &Change::Let);
         assert_eq!(tomb.value, None);
         assert!(decode(Some(b"{")).is_err());
     }
@@ -164,7 +181,7 @@ mod tests {
             parked_to: NO_OFFSET,
             ..back
         };
-        let rec = record("kairos.held", "crawl", b"k", &Change::Put(none));
+        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(none));
         let text = String::from_utf8(rec.value.unwrap()).unwrap();
         assert!(!text.contains("parked_to"), "left out when none: {text}");
     }
@@ -179,7 +196,7 @@ mod tests {
         assert_eq!(back.released().map(|r| r.to_string()), Some(id.to_string()));
         assert_eq!(back.skipped(), [Skip { after: 3, upto: 6 }]);
         assert!(!back.skip_unwritten());
-        let rec = record("kairos.held", "crawl", b"k", &Change::Put(back.clone()));
+        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(back.clone()));
         assert_eq!(
             String::from_utf8(rec.value.unwrap()).unwrap(),
             text,
@@ -189,7 +206,7 @@ mod tests {
         let mut plain = back;
         plain.set_released(None);
         plain.rare.as_mut().unwrap().skipped.clear();
-        let rec = record("kairos.held", "crawl", b"k", &Change::Put(plain));
+        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(plain));
         let text = String::from_utf8(rec.value.unwrap()).unwrap();
         assert!(!text.contains("released") && !text.contains("skipped"), "{text}");
         assert_eq!(decode(Some(text.as_bytes())).unwrap().unwrap().rare, None);

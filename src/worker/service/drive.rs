@@ -56,6 +56,9 @@ impl Finished {
 /// first); the caller runs them.
 pub(super) fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
     let mut starts = Vec::new();
+    if !shared.in_touch(st) {
+        return starts;
+    }
     let now_ms = shared.clock.now().timestamp_millis();
     while st.running() < shared.concurrency {
         let Some(entry) = st.paced.due.pop_front().or_else(|| st.table.next_ready()) else {

@@ -9,32 +9,51 @@ use std::time::Duration;
 
 use tracing::{debug, error, info, warn};
 
-use super::keeper::ParkedJob;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::TopicPartitionList;
+
+use super::keeper::{self, ParkedJob};
 use super::offsets::{finish_in, write_in_background};
 use super::{Entry, Shared, State, Tp, WorkerError};
 
 use crate::config::OnFailure;
+use crate::hash::HashMap;
 use crate::job::{Job, JobId};
 use crate::kafka;
-use crate::worker::hold::{record, Admit, Cause, Change, HoldUpdate, Settlement};
+use crate::wire::OwnedRecord;
+use crate::worker::hold::{claim, record, Admit, Cause, Change, HoldUpdate, Settlement};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Read the holds of newly assigned partitions back from the held topic,
-/// before any of their jobs is admitted (called on the poll thread, in the
-/// assignment callback).
-pub(super) fn load(shared: &Shared, tps: &[Tp]) -> Result<(), WorkerError> {
+/// before any of their jobs is admitted, and claim them (see
+/// [`crate::worker::hold::claim`]): the records of the claim committed
+/// last count, they are written again under a new claim, the new claim is
+/// committed, and the older record keys are deleted. Returns each holdable
+/// partition's new claim. Called on the poll thread, in the assignment
+/// callback.
+pub(super) fn load<C: ConsumerContext>(
+    shared: &Shared,
+    consumer: &BaseConsumer<C>,
+    tps: &[Tp],
+) -> Result<HashMap<Tp, u64>, WorkerError> {
     let tps: Vec<Tp> = tps.iter().copied().filter(|tp| shared.holding[tp.0]).collect();
     if tps.is_empty() {
-        return Ok(());
+        return Ok(HashMap::default());
     }
+    let fatal = |what: &str, e: &dyn std::fmt::Display| WorkerError::Fatal(format!("{what}: {e}"));
+    let started = std::time::Instant::now();
+    let committed =
+        committed(shared, consumer, &tps).map_err(|e| fatal("reading the committed claims", &e))?;
+    let mut reads: HashMap<Tp, claim::ReadBack> = committed
+        .iter()
+        .map(|(tp, (_, c))| (*tp, claim::ReadBack::new(*c)))
+        .collect();
     let mut partitions: Vec<i32> = tps.iter().map(|tp| tp.1).collect();
     partitions.sort_unstable();
     partitions.dedup();
-    let started = std::time::Instant::now();
-    let mut found = Vec::new();
     kafka::read_to_end(
         &shared.cfg.kafka,
         "kairos-worker-holds",
@@ -43,35 +62,153 @@ pub(super) fn load(shared: &Shared, tps: &[Tp]) -> Result<(), WorkerError> {
         LOAD_TIMEOUT,
         |m| {
             use rdkafka::Message as _;
-            let Some((topic, key)) = m.key().and_then(record::split_key) else {
+            let Some(record_key) = m.key() else { return };
+            let Some((claim, topic, key)) = record::split_key(record_key) else {
                 return;
             };
             let Some(tp) = shared.tp(topic, m.partition()) else {
                 return;
             };
-            if !tps.contains(&tp) {
-                return;
+            let Some(read) = reads.get_mut(&tp) else { return };
+            let value = record::decode(m.payload());
+            if let Err(e) = &value {
+                shared.stats.holds_unreadable.fetch_add(1, Ordering::Relaxed);
+                error!(topic, key = %String::from_utf8_lossy(key), partition = tp.1,
+                    offset = m.offset(), error = %e,
+                    "held-topic record unreadable: this key's hold is not known, and its later jobs \
+                     may run out of order; the key's last readable hold, if any, stands \
+                     (kairos keys release KEY lets the key go)");
             }
-            match record::decode(m.payload()) {
-                Ok(hold) => found.push((tp, key.to_vec(), hold)),
-                Err(e) => {
-                    shared.stats.holds_unreadable.fetch_add(1, Ordering::Relaxed);
-                    error!(topic, key = %String::from_utf8_lossy(key), partition = tp.1,
-                        offset = m.offset(), error = %e,
-                        "held-topic record unreadable: this key's hold is not known, and its later jobs \
-                         may run out of order; the key's last readable hold, if any, stands \
-                         (kairos keys release KEY lets the key go)");
-                }
-            }
+            read.record(record_key, claim, key, value);
         },
     )
-    .map_err(|e| WorkerError::Fatal(format!("reading held keys back: {e}")))?;
-    let mut st = shared.state();
-    for (tp, key, hold) in found {
-        st.holds.load(tp, &key, hold);
+    .map_err(|e| fatal("reading held keys back", &e))?;
+    let claims: HashMap<Tp, u64> = tps.iter().map(|tp| (*tp, rand::random())).collect();
+    let (mut rewrite, mut deletes, mut written) = (Vec::new(), Vec::new(), Vec::new());
+    let mut passed_over = 0;
+    {
+        let mut st = shared.state();
+        for (tp, read) in reads {
+            let found = read.finish();
+            passed_over += found.passed_over;
+            let topic = &shared.topics[tp.0];
+            for (key, hold) in found.holds {
+                st.holds.load(tp, &key, Some(hold));
+                if let Some(h) = st.holds.get(tp, &key) {
+                    let rec = record::record(
+                        &shared.cfg.topics.held,
+                        Some(claims[&tp]),
+                        topic,
+                        &key,
+                        &Change::Put(h.to_write()),
+                    );
+                    rewrite.push((rec, Some(tp.1)));
+                    written.push((tp, key));
+                }
+            }
+            deletes.extend(
+                found
+                    .to_delete
+                    .into_iter()
+                    .map(|k| (tombstone(shared, k), Some(tp.1))),
+            );
+        }
     }
-    info!(partitions = ?partitions, held = st.holds.len(), took = ?started.elapsed(), "held keys read back");
-    Ok(())
+    if !rewrite.is_empty() {
+        shared
+            .runtime
+            .block_on(keeper::send(shared, &rewrite))
+            .map_err(|e| fatal("writing held keys back under this worker's claim", &e))?;
+        let mut st = shared.state();
+        for (tp, key) in &written {
+            if let Some(h) = st.holds.get_mut(*tp, key) {
+                h.skip_written();
+            }
+        }
+    }
+    // Kafka takes the commit only from the partition's owner: from here on
+    // this worker's records are the ones that count. A commit refused now
+    // (the group moved on meanwhile) leaves the claim to the first commit
+    // that passes; until then the claim before stands.
+    let mut tpl = TopicPartitionList::new();
+    for (tp, (offset, _)) in &committed {
+        let offset = match offset {
+            Some(o) => *o,
+            None => {
+                consumer
+                    .fetch_watermarks(&shared.topics[tp.0], tp.1, LOAD_TIMEOUT)
+                    .map_err(|e| fatal("reading a work partition's start", &e))?
+                    .0
+            }
+        };
+        claimed(&mut tpl, &shared.topics[tp.0], tp.1, offset, claims[tp]);
+    }
+    match consumer.commit(&tpl, CommitMode::Sync) {
+        Ok(()) => {
+            if !deletes.is_empty() {
+                let shared_deletes = deletes;
+                let raw = shared.raw.clone();
+                shared.runtime.spawn(async move {
+                    let sends: Vec<_> = shared_deletes.iter().map(|(r, p)| (r, *p)).collect();
+                    for ack in kafka::enqueue_all(&raw, &sends).await {
+                        if let Err(e) = ack.await {
+                            debug!(error = %e, "deleting a held-topic record of an earlier claim failed (it does not count)");
+                        }
+                    }
+                });
+            }
+        }
+        Err(e) => warn!(error = %e, partitions = ?partitions,
+            "committing this worker's claim on its held keys failed; the first commit that passes carries it"),
+    }
+    let held = shared.state().holds.len();
+    info!(partitions = ?partitions, held, passed_over, took = ?started.elapsed(), "held keys read back and claimed");
+    Ok(claims)
+}
+
+/// A partition's committed offset (`None`: none) and the claim its
+/// metadata names.
+type Committed = (Option<i64>, Option<u64>);
+
+/// Each partition's [`Committed`].
+fn committed<C: ConsumerContext>(
+    shared: &Shared,
+    consumer: &BaseConsumer<C>,
+    tps: &[Tp],
+) -> Result<HashMap<Tp, Committed>, rdkafka::error::KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for tp in tps {
+        tpl.add_partition(&shared.topics[tp.0], tp.1);
+    }
+    let got = consumer.committed_offsets(tpl, LOAD_TIMEOUT)?;
+    Ok(tps
+        .iter()
+        .map(|tp| {
+            let e = got.find_partition(&shared.topics[tp.0], tp.1);
+            let offset = e.as_ref().and_then(|e| e.offset().to_raw()).filter(|o| *o >= 0);
+            let claim = e.as_ref().and_then(|e| claim::of_metadata(e.metadata()));
+            (*tp, (offset, claim))
+        })
+        .collect())
+}
+
+/// Add `topic`/`partition` at commit offset `offset` to `tpl`, carrying
+/// `claim` in its metadata.
+pub(super) fn claimed(tpl: &mut TopicPartitionList, topic: &str, partition: i32, offset: i64, claim: u64) {
+    let mut e = tpl.add_partition(topic, partition);
+    // The offset of a partition just added is always settable.
+    let _ = e.set_offset(rdkafka::Offset::Offset(offset));
+    e.set_metadata(claim::metadata(claim));
+}
+
+/// A tombstone for held-topic record key `key`.
+fn tombstone(shared: &Shared, key: Vec<u8>) -> OwnedRecord {
+    OwnedRecord {
+        topic: shared.cfg.topics.held.clone(),
+        key,
+        value: None,
+        headers: Vec::new(),
+    }
 }
 
 /// Jobs just read from a holdable partition: those that may run go on to

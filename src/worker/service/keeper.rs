@@ -181,10 +181,10 @@ async fn write_round(shared: &Shared, round: &[Request]) -> bool {
 }
 
 /// A record and the partition it must go to (`None`: by its key).
-type Pinned = (OwnedRecord, Option<i32>);
+pub(super) type Pinned = (OwnedRecord, Option<i32>);
 
 /// Send records and wait for every acknowledgement; the first error.
-async fn send(shared: &Shared, records: &[Pinned]) -> Result<(), String> {
+pub(super) async fn send(shared: &Shared, records: &[Pinned]) -> Result<(), String> {
     if records.is_empty() {
         return Ok(());
     }
@@ -265,7 +265,7 @@ fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
                 Some(h) => Change::Put(h.to_write()),
                 None => Change::Let,
             };
-            hold_record(shared, *tp, key, &change)
+            hold_record(shared, &st, *tp, key, &change)
         })
         .collect()
 }
@@ -281,7 +281,7 @@ fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .filter_map(|(tp, key)| {
             let h = st.holds.get(*tp, key).filter(|h| h.skip_unwritten())?;
-            let rec = hold_record(shared, *tp, key, &Change::Put(h.to_write()));
+            let rec = hold_record(shared, &st, *tp, key, &Change::Put(h.to_write()));
             Some((rec, (*tp, key.clone(), h.skipped().last().copied())))
         })
         .unzip()
@@ -302,9 +302,11 @@ fn skips_written(shared: &Shared, written: &[SkipOf]) {
     }
 }
 
-/// `key`'s hold record (held-topic partition = work partition).
-fn hold_record(shared: &Shared, tp: Tp, key: &[u8], change: &Change) -> Pinned {
-    let rec = record::record(&shared.cfg.topics.held, &shared.topics[tp.0], key, change);
+/// `key`'s hold record (held-topic partition = work partition), under
+/// the partition's claim.
+fn hold_record(shared: &Shared, st: &super::State, tp: Tp, key: &[u8], change: &Change) -> Pinned {
+    let claim = st.owned.get(&tp).and_then(|o| o.claim);
+    let rec = record::record(&shared.cfg.topics.held, claim, &shared.topics[tp.0], key, change);
     (rec, Some(tp.1))
 }
 

@@ -29,6 +29,9 @@ impl ClientContext for Ctx {}
 impl ConsumerContext for Ctx {
     fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
         kafka::log_commit("worker", &result, offsets);
+        if result.is_ok() {
+            self.shared.heard_from_coordinator();
+        }
     }
 
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -46,7 +49,7 @@ impl ConsumerContext for Ctx {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 self.shared
@@ -59,17 +62,29 @@ impl ConsumerContext for Ctx {
                     .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
                     .collect();
                 // Held keys first: no job of these partitions is read before.
-                if let Err(e) = held::load(&self.shared, &tps) {
-                    warn!(error = %e, "stopping: the held keys of assigned partitions could not be read");
-                    self.shared.fail(e.to_string());
-                    return;
-                }
+                let claims = match held::load(&self.shared, consumer, &tps) {
+                    Ok(claims) => claims,
+                    Err(e) => {
+                        warn!(error = %e, "stopping: the held keys of assigned partitions could not be read");
+                        self.shared.fail(e.to_string());
+                        return;
+                    }
+                };
                 let mut st = self.shared.state();
+                st.heard = Some(Instant::now());
                 for tp in tps {
                     st.next_generation += 1;
                     let generation = st.next_generation;
                     let cancel = self.shared.stop.child_token();
-                    st.owned.insert(tp, Owned { cancel, generation });
+                    let claim = claims.get(&tp).copied();
+                    st.owned.insert(
+                        tp,
+                        Owned {
+                            cancel,
+                            generation,
+                            claim,
+                        },
+                    );
                 }
                 info!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect::<Vec<_>>(),
                     "work partitions assigned");
@@ -117,11 +132,7 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
     let mut tpl = TopicPartitionList::new();
     for tp in tps {
         if let Some(c) = st.tracker.commit_point(*tp) {
-            let _ = tpl.add_partition_offset(&shared.topics[tp.0], tp.1, Offset::Offset(c));
-            // Store it too: librdkafka commits the stored offsets once more
-            // when the partition goes (auto-commit), and a stale stored offset
-            // would move the committed one back.
-            let _ = consumer.store_offset(&shared.topics[tp.0], tp.1, c - 1);
+            offset_to_commit(shared, &st, &mut tpl, *tp, c);
         }
         st.tracker.remove(*tp);
         st.owned.remove(tp);
@@ -131,6 +142,10 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
     }
     drop(st);
     if tpl.count() > 0 {
+        // Store it too: librdkafka commits the stored offsets once more
+        // when the partition goes (auto-commit), and a stale stored offset
+        // would move the committed one back.
+        let _ = consumer.store_offsets(&tpl);
         if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
             warn!(error = %e, "commit on release failed");
         }
@@ -247,19 +262,68 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// busy worker sent up to twenty commits a second, each a write of the
 /// group on the coordinator).
 pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
-    let pending: Vec<(Tp, i64)> = shared.state().to_store.drain().collect();
-    for (tp, offset) in pending {
-        // librdkafka commits one past the stored offset.
-        match consumer.store_offset(&shared.topics[tp.0], tp.1, offset - 1) {
-            Ok(()) => commits.stored = true,
-            Err(e) => debug!(error = %e, partition = tp.1, "offset not stored (partition gone)"),
+    let mut tpl = TopicPartitionList::new();
+    {
+        let mut st = shared.state();
+        let pending: Vec<(Tp, i64)> = st.to_store.drain().collect();
+        for (tp, offset) in pending {
+            offset_to_commit(shared, &st, &mut tpl, tp, offset);
         }
     }
-    if commits.stored && commits.last.elapsed() >= COMMIT_EVERY {
+    if tpl.count() > 0 {
+        match consumer.store_offsets(&tpl) {
+            Ok(()) => commits.stored = true,
+            Err(e) => debug!(error = %e, "offsets not stored (partitions gone)"),
+        }
+    }
+    let since = commits.last.elapsed();
+    if commits.stored && since >= COMMIT_EVERY {
         commits.stored = false;
         commits.last = Instant::now();
         // The result goes to the commit callback.
         let _ = consumer.commit_consumer_state(CommitMode::Async);
+        return;
+    }
+    // Nothing moved for a while, or jobs wait for an answer from the group
+    // coordinator (see `Shared::in_touch`): commit where the partitions
+    // stand, for the coordinator's answer.
+    let waiting = since >= COMMIT_EVERY && {
+        let st = shared.state();
+        st.out_of_touch && st.buffered() > 0
+    };
+    if waiting || since >= shared.cfg.worker.session_timeout / 6 {
+        commits.last = Instant::now();
+        let mut tpl = TopicPartitionList::new();
+        {
+            let st = shared.state();
+            for tp in st.owned.keys() {
+                if let Some(c) = st.tracker.commit_point(*tp) {
+                    offset_to_commit(shared, &st, &mut tpl, *tp, c);
+                }
+            }
+        }
+        if tpl.count() > 0 {
+            // Stored too, so that librdkafka's own commits never go below.
+            let _ = consumer.store_offsets(&tpl);
+            // Synchronous: librdkafka reports the outcome of a manual
+            // asynchronous commit to no callback (only its own timer's).
+            match consumer.commit(&tpl, CommitMode::Sync) {
+                Ok(()) => shared.heard_from_coordinator(),
+                Err(e) => debug!(error = %e, "offset commit to hear from the group coordinator failed"),
+            }
+        }
+    }
+}
+
+/// Add `tp`'s commit offset `offset` to `tpl`, with its claim when it has
+/// one: every commit of a holdable partition names its owner's claim.
+fn offset_to_commit(shared: &Shared, st: &super::State, tpl: &mut TopicPartitionList, tp: Tp, offset: i64) {
+    let topic = &shared.topics[tp.0];
+    match st.owned.get(&tp).and_then(|o| o.claim) {
+        Some(claim) => held::claimed(tpl, topic, tp.1, offset, claim),
+        None => {
+            let _ = tpl.add_partition_offset(topic, tp.1, Offset::Offset(offset));
+        }
     }
 }
 

@@ -106,7 +106,7 @@ fn an_owner_reading_back_a_hold_read_back_before_passes_over_that_owners_numbers
     second.load(P, b"k", Some(written));
     let h = second.get(P, b"k").expect("held");
     assert!(h.skip_unwritten());
-    let rec = record::record("held", "t", b"k", &Change::Put(h.to_write()));
+    let rec = record::record("held", None, "t", b"k", &Change::Put(h.to_write()));
     let read = record::decode(rec.value.as_deref()).unwrap().expect("a hold");
     assert_eq!(
         read.skipped(),
