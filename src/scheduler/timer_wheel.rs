@@ -88,14 +88,17 @@ pub struct TimerWheel {
     persisting: HashSet<i32>,
     /// The same, by partition and job id.
     direct_ids: HashMap<(i32, JobId), DueKey>,
-    /// Jobs taken for firing and not yet finished.
-    firing: HashSet<(i32, JobId)>,
+    /// Jobs taken for firing and not yet finished, with how many versions
+    /// of each (a retry put again while its earlier run fires can be taken
+    /// too, and put back: that must not end the earlier one's firing).
+    firing: HashMap<(i32, JobId), u32>,
     /// The same, of fair topics, by where they are stored (the fair window
     /// must not mistake a job put again under a firing id for the one firing).
     fair_firing: HashSet<DueKey>,
     /// Jobs being fired that a schedule record read since puts again (a
-    /// worker's retry): their fire must not tombstone the new put.
-    put_again: HashSet<(i32, JobId)>,
+    /// worker's retry), with the latest such record's offset: a fire of a
+    /// version stored from an earlier record must not tombstone the new put.
+    put_again: HashMap<(i32, JobId), u64>,
     /// Jobs ingest batches are changing, with how many batches: not taken
     /// until every one of them is applied.
     changing: HashMap<(i32, JobId), u32>,
@@ -130,9 +133,9 @@ impl TimerWheel {
             direct: HashMap::default(),
             persisting: HashSet::default(),
             direct_ids: HashMap::default(),
-            firing: HashSet::default(),
+            firing: HashMap::default(),
             fair_firing: HashSet::default(),
-            put_again: HashSet::default(),
+            put_again: HashMap::default(),
             changing: HashMap::default(),
             refilling: None,
             next_ticket: 0,
@@ -221,21 +224,24 @@ impl TimerWheel {
 
     /// Whether job `id` of `partition` is being fired.
     pub fn is_firing(&self, partition: i32, id: &JobId) -> bool {
-        !self.firing.is_empty() && self.firing.contains(&(partition, *id))
+        !self.firing.is_empty() && self.firing.contains_key(&(partition, *id))
     }
 
-    /// A schedule record read puts job `id` of `partition` again: if that
-    /// job is being fired, its fire leaves the changelog alone.
-    pub fn put_again(&mut self, partition: i32, id: JobId) {
+    /// The schedule record at `offset` of `partition` puts job `id` again:
+    /// if that job is being fired, the fires of versions stored from
+    /// earlier records leave the changelog alone.
+    pub fn put_again(&mut self, partition: i32, id: JobId, offset: u64) {
         if self.is_firing(partition, &id) {
-            self.put_again.insert((partition, id));
+            let at = self.put_again.entry((partition, id)).or_default();
+            *at = (*at).max(offset);
         }
     }
 
-    /// Whether job `id` of `partition`, being fired, was put again since it
-    /// was taken.
-    pub fn was_put_again(&self, partition: i32, id: &JobId) -> bool {
-        !self.put_again.is_empty() && self.put_again.contains(&(partition, *id))
+    /// Whether job `id` of `partition`, being fired in the version stored
+    /// from the schedule record at `seq`, was put again by a later record
+    /// since it was taken.
+    pub fn was_put_again(&self, partition: i32, id: &JobId, seq: u64) -> bool {
+        !self.put_again.is_empty() && self.put_again.get(&(partition, *id)).is_some_and(|at| *at > seq)
     }
 
     /// Take the direct job `id` of `partition` out of the window (a change
@@ -271,9 +277,15 @@ impl TimerWheel {
     /// their partition let go).
     pub fn fired(&mut self, jobs: &[(DueKey, StoredJob)]) {
         for (k, j) in jobs {
-            self.firing.remove(&(k.partition, j.job.id));
-            if !self.put_again.is_empty() {
-                self.put_again.remove(&(k.partition, j.job.id));
+            let id = (k.partition, j.job.id);
+            if let Some(n) = self.firing.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.firing.remove(&id);
+                    if !self.put_again.is_empty() {
+                        self.put_again.remove(&id);
+                    }
+                }
             }
             if !self.fair_firing.is_empty() {
                 self.fair_firing.remove(k);
@@ -453,7 +465,7 @@ impl TimerWheel {
         };
         self.firing.reserve(jobs.len());
         for (k, j) in &jobs {
-            self.firing.insert((k.partition, j.job.id));
+            *self.firing.entry((k.partition, j.job.id)).or_default() += 1;
         }
         Due { jobs, held }
     }

@@ -158,7 +158,7 @@ pub(super) async fn finish_fire(
     let put_again: HashSet<(i32, JobId)> = {
         let w = shared.wheel();
         done.iter()
-            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id))
+            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
             .map(|(k, s)| (k.partition, s.job.id))
             .collect()
     };

@@ -500,7 +500,7 @@ fn claim(w: &mut TimerWheel, b: &mut ReadBatch) {
     for r in &b.records {
         let id = id_of(&r.command);
         if matches!(r.command, Command::Schedule(_)) {
-            w.put_again(r.partition, id);
+            w.put_again(r.partition, id, r.offset as u64);
         }
         if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
             let firing = w.is_firing(r.partition, &id);

@@ -79,7 +79,7 @@ impl TimerWheel {
             }
         }
         for (k, j) in &jobs {
-            self.firing.insert((k.partition, j.job.id));
+            *self.firing.entry((k.partition, j.job.id)).or_default() += 1;
             self.fair_firing.insert(*k);
         }
         Ok((jobs, found))

@@ -336,3 +336,39 @@ fn direct_jobs_held_too_long_are_handed_over_and_hold_their_partition_meanwhile(
         "the persisted job fires as a stored one"
     );
 }
+
+/// A worker's retry put again while the job's earlier run fires, taken
+/// itself and put back unfired (its partition not read far enough, or let
+/// go): the earlier run's fire must still leave the retry's put in the
+/// changelog. (Seen in a soak: the put-back cleared the mark, the earlier
+/// fire tombstoned the retry, and the partition's next owner lost it.)
+#[test]
+fn a_retry_taken_and_put_back_keeps_the_earlier_fire_off_its_put() {
+    let (_d, s) = store();
+    s.apply(0, &[put("k", 100, 10)], None).unwrap();
+    let mut w = TimerWheel::new(10_000, 100);
+    w.add_partition(0);
+    refill(&mut w, &s, 0);
+    let first = take(&mut w, 1_000, 10);
+    assert_eq!(first.len(), 1);
+    let id = first[0].1.job.id;
+    // The retry's record (offset 20) is read while the first run fires.
+    w.put_again(0, id, 20);
+    let retry = StoredJob {
+        seq: 20,
+        ..first[0].1.clone()
+    };
+    let applied = s.apply(0, &[Change::Put(retry)], None).unwrap();
+    w.follow(&applied);
+    let second = take(&mut w, 1_000, 10);
+    assert_eq!(second.len(), 1, "the retry is due too");
+    w.put_back(second, &HashMap::default());
+    assert!(w.is_firing(0, &id), "the first run still fires");
+    assert!(
+        w.was_put_again(0, &id, 10),
+        "the first run's fire must not tombstone the retry"
+    );
+    assert!(!w.was_put_again(0, &id, 20), "the retry itself was not put again");
+    w.fired(&first);
+    assert!(!w.is_firing(0, &id));
+}
