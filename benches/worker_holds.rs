@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench worker_holds                 # N = 50,000 jobs (500,000 failing); 100,000 keys held
 //! KAIROS_BENCH_N=20000 KAIROS_BENCH_FAILING_N=100000 KAIROS_BENCH_HELD=20000 cargo bench --bench worker_holds
-//! KAIROS_BENCH_ONLY=none|failing|memory cargo bench --bench worker_holds
+//! KAIROS_BENCH_ONLY=none|failing|memory|handover cargo bench --bench worker_holds
 //! ```
 //!
 //! - **No failures** (`none`): N due jobs over 10,000 keys, a no-op handler,
@@ -362,6 +362,58 @@ fn memory_child(rt: &tokio::runtime::Runtime, json: &str) {
     });
 }
 
+/// A partition hand-over with `held` keys held: a worker in a child
+/// process holds them and stops; a second worker takes the partitions
+/// over. Returns how long from its start until it owns every partition
+/// with every key held again (group join, held topic read back, the holds
+/// written again under its claim and the claim committed; the log line
+/// `held keys read back and claimed`, shown with
+/// `KAIROS_TEST_LOG=warn,kairos::worker::service::held=info`, splits the
+/// read from the rest).
+fn handover(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> Duration {
+    let dir = support::bench_dir("kairos-bench-handover");
+    let mut cfg = config(broker, dir.path(), true);
+    cfg.worker.max_held_keys = held as usize + 1;
+    rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("bench binary"))
+        .arg("--bench")
+        .env(CHILD_CONFIG, serde_json::to_string(&cfg).expect("config as JSON"))
+        .env(CHILD_HOLD, "1")
+        .env("KAIROS_BENCH_HELD", held.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the worker");
+    fill(&cfg, &cfg.topics.work[0], held, held);
+    assert!(
+        child.wait().expect("worker child").success(),
+        "worker child failed"
+    );
+    rt.block_on(async {
+        let stop = CancellationToken::new();
+        let worker = Worker::builder(&cfg)
+            .concurrency(CONCURRENCY)
+            .build(|_job: Job, _ctx: JobContext| async { Outcome::done() })
+            .expect("worker");
+        let h = worker.handle();
+        let started = Instant::now();
+        let st = stop.clone();
+        let task = tokio::spawn(async move {
+            worker
+                .run_until(async move { st.cancelled().await })
+                .await
+                .expect("worker");
+        });
+        while !(h.stats().owned == 6 && h.stats().held_keys >= held as usize) {
+            assert!(started.elapsed() < TIMEOUT, "not taken over: {:?}", h.stats());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let took = started.elapsed();
+        stop.cancel();
+        task.await.expect("worker");
+        took
+    })
+}
+
 /// Worker RSS with `held` keys held against idle, and against the same
 /// jobs succeeding (what the burst of jobs costs without any hold).
 fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64) {
@@ -427,6 +479,12 @@ fn main() {
             off.all
         );
         ok &= r >= 0.8;
+    }
+    if only == "handover" {
+        let took = handover(&rt, &broker, held);
+        println!(
+            "hand-over: a second worker owns the 6 partitions with {held} keys held again after {took:.2?}"
+        );
     }
     if only.is_empty() || only == "memory" {
         println!("memory: {held} keys held at once");

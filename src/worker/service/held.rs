@@ -83,6 +83,7 @@ pub(super) fn load<C: ConsumerContext>(
         },
     )
     .map_err(|e| fatal("reading held keys back", &e))?;
+    let read_back = started.elapsed();
     let claims: HashMap<Tp, u64> = tps.iter().map(|tp| (*tp, rand::random())).collect();
     let (mut rewrite, mut deletes, mut written) = (Vec::new(), Vec::new(), Vec::new());
     let mut passed_over = 0;
@@ -162,7 +163,8 @@ pub(super) fn load<C: ConsumerContext>(
             "committing this worker's claim on its held keys failed; the first commit that passes carries it"),
     }
     let held = shared.state().holds.len();
-    info!(partitions = ?partitions, held, passed_over, took = ?started.elapsed(), "held keys read back and claimed");
+    info!(partitions = ?partitions, held, passed_over, read_back = ?read_back, took = ?started.elapsed(),
+        "held keys read back and claimed");
     Ok(claims)
 }
 
