@@ -272,14 +272,7 @@ fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bo
     let mut cfg = config(broker, dir.path(), true);
     cfg.worker.max_held_keys = held as usize + 1;
     rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
-    let mut child = std::process::Command::new(std::env::current_exe().expect("bench binary"))
-        .arg("--bench")
-        .env(CHILD_CONFIG, serde_json::to_string(&cfg).expect("config as JSON"))
-        .env(CHILD_HOLD, if hold { "1" } else { "0" })
-        .env("KAIROS_BENCH_HELD", held.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the worker");
+    let mut child = worker_child(&cfg, held, hold, std::process::Stdio::piped());
     let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut read = |what: &str| -> u64 {
         let line = lines
@@ -304,6 +297,19 @@ fn rss_around(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64, hold: bo
         support::mib(at_once)
     );
     (support::mib(idle), support::mib(busy))
+}
+
+/// This binary as a worker child on `cfg` (see [`memory_child`]): its
+/// `held` jobs hold their keys (`hold`) or succeed.
+fn worker_child(cfg: &Config, held: u64, hold: bool, stdout: std::process::Stdio) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().expect("bench binary"))
+        .arg("--bench")
+        .env(CHILD_CONFIG, serde_json::to_string(cfg).expect("config as JSON"))
+        .env(CHILD_HOLD, if hold { "1" } else { "0" })
+        .env("KAIROS_BENCH_HELD", held.to_string())
+        .stdout(stdout)
+        .spawn()
+        .expect("spawn the worker")
 }
 
 /// The worker side of [`rss_around`], in a child process: it says its RSS
@@ -375,14 +381,7 @@ fn handover(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> Duratio
     let mut cfg = config(broker, dir.path(), true);
     cfg.worker.max_held_keys = held as usize + 1;
     rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
-    let mut child = std::process::Command::new(std::env::current_exe().expect("bench binary"))
-        .arg("--bench")
-        .env(CHILD_CONFIG, serde_json::to_string(&cfg).expect("config as JSON"))
-        .env(CHILD_HOLD, "1")
-        .env("KAIROS_BENCH_HELD", held.to_string())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn the worker");
+    let mut child = worker_child(&cfg, held, true, std::process::Stdio::null());
     fill(&cfg, &cfg.topics.work[0], held, held);
     assert!(
         child.wait().expect("worker child").success(),

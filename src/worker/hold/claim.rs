@@ -121,24 +121,15 @@ impl ReadBack {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::hold::{NEVER, NO_OFFSET};
 
+    /// A hold whose parked jobs are done up to `done`, as the held topic
+    /// keeps it.
     fn hold(done: u32) -> Hold {
-        Hold {
-            blocker: None,
-            last_seq: 20,
-            done_seq: done,
-            admitted_seq: 0,
-            waiting: 0,
-            gave_up: 0,
-            wait_since_ms: NEVER,
-            gap_since_ms: NEVER,
-            sent_seq: 0,
-            tail_at_ms: 0,
-            since_ms: 1,
-            rare: None,
-            parked_to: NO_OFFSET,
-        }
+        let kept =
+            format!(r#"{{"blocker":null,"last_seq":20,"done_seq":{done},"tail_at_ms":0,"since_ms":1}}"#);
+        super::super::record::decode(Some(kept.as_bytes()))
+            .unwrap()
+            .unwrap()
     }
 
     type Value = Result<Option<Hold>, ()>;
