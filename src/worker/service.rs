@@ -254,16 +254,23 @@ impl Shared {
     /// run beside the new owner's run of the same key. Such a worker keeps
     /// what it has buffered and starts it once an answer comes.
     fn in_touch(&self, st: &mut State) -> bool {
-        let window = self.cfg.worker.session_timeout / 2;
-        if st.heard.is_some_and(|t| t.elapsed() < window) {
+        if !self.out_of_touch(st) {
             return true;
         }
+        let window = self.cfg.worker.session_timeout / 2;
         if !st.out_of_touch && !st.owned.is_empty() {
             tracing::warn!(for_at_least = ?window,
                 "no answer from the group coordinator: starting no job until one comes (the partitions may have moved)");
         }
         st.out_of_touch = true;
         false
+    }
+
+    /// Whether the group coordinator has not answered for half the session
+    /// timeout (see [`Shared::in_touch`]).
+    fn out_of_touch(&self, st: &State) -> bool {
+        let window = self.cfg.worker.session_timeout / 2;
+        st.heard.is_none_or(|t| t.elapsed() >= window)
     }
 
     /// The group coordinator answered (a commit was taken): jobs held back

@@ -515,10 +515,17 @@ async fn a_worker_out_of_touch_with_the_coordinator_for_half_its_session_starts_
     };
     signal("-STOP");
     let stopped = Instant::now();
-    // The fault lasts 5 s.
-    std::thread::sleep(Duration::from_secs(5));
+    // The fault lasts 5 s; meanwhile the worker says it is out of touch.
+    let mut said = false;
+    while stopped.elapsed() < Duration::from_secs(5) {
+        said |= sys.worker.stats().out_of_touch;
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let resumed = Instant::now();
     signal("-CONT");
+    wait_for("the worker to be in touch again", T, || {
+        (!sys.worker.stats().out_of_touch).then_some(())
+    });
     wait_for("every job to start", Duration::from_secs(60), || {
         (starts.lock().unwrap().len() >= 150).then_some(())
     });
@@ -537,4 +544,5 @@ async fn a_worker_out_of_touch_with_the_coordinator_for_half_its_session_starts_
         late, 0,
         "jobs started with no answer from the coordinator for over 3 s"
     );
+    assert!(said, "the worker's stats never said it was out of touch");
 }

@@ -134,6 +134,12 @@ impl Source for WorkerHandle {
             uncommitted(self),
         )
         .gauge(
+            "kairos_worker_out_of_touch",
+            "1 while no job starts because the group coordinator has not taken a commit of this \
+                 worker for half its session timeout (its partitions may have moved), else 0.",
+            i64::from(s.out_of_touch),
+        )
+        .gauge(
             "kairos_worker_held_keys",
             "Keys held now (a failed job waiting for its retry on a hold_key topic, or a long \
                  pacing wait), over owned partitions.",

@@ -76,6 +76,10 @@ pub struct WorkerStats {
     pub owned: usize,
     /// Jobs buffered or running now.
     pub open: usize,
+    /// No job starts now: partitions are owned and the group coordinator
+    /// has not taken a commit of this worker for half its session timeout
+    /// (the partitions may have moved without it knowing).
+    pub out_of_touch: bool,
 }
 
 /// Reads a running worker's counters.
@@ -107,5 +111,6 @@ pub(super) fn stats(shared: &Shared) -> WorkerStats {
         held_keys: st.holds.len(),
         owned: st.owned.len(),
         open: st.tracker.open(),
+        out_of_touch: !st.owned.is_empty() && shared.out_of_touch(&st),
     }
 }
