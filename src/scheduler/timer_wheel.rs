@@ -471,9 +471,9 @@ impl TimerWheel {
     }
 
     /// Put back jobs that could not be fired (their partition still owned);
-    /// those in `direct` are direct jobs again.
+    /// those in `direct` are direct jobs again. Their firing is ended apart,
+    /// with the rest of their round ([`TimerWheel::fired`]).
     pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashMap<DueKey, i64>) {
-        self.fired(&jobs);
         for (k, j) in jobs {
             if let Some(f) = self.fair.as_mut().filter(|f| f.is_fair(&j.job.topic)) {
                 f.put_back(k, j);

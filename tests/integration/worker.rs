@@ -328,7 +328,8 @@ async fn read_before_its_run_at(on_failure: kairos::config::OnFailure) {
     });
     let (run_at, started) = ran.lock().unwrap()[0];
     assert!(started >= run_at, "ran {} early", run_at - started);
-    assert_eq!(sys.worker.stats().handed_to_scheduler, 1);
+    let st = sys.worker.stats();
+    assert_eq!(st.handed_to_scheduler, 1, "{st:?}");
     sys.stop().await;
 }
 

@@ -338,12 +338,13 @@ fn direct_jobs_held_too_long_are_handed_over_and_hold_their_partition_meanwhile(
 }
 
 /// A worker's retry put again while the job's earlier run fires, taken
-/// itself and put back unfired (its partition not read far enough, or let
-/// go): the earlier run's fire must still leave the retry's put in the
-/// changelog. (Seen in a soak: the put-back cleared the mark, the earlier
-/// fire tombstoned the retry, and the partition's next owner lost it.)
+/// itself, and its fire's write failed (its round finishes, and it is put
+/// back): the earlier run's fire must still leave the retry's put in the
+/// changelog. (Seen in a soak: the retry's round ended the id's firing and
+/// cleared the mark, the earlier fire tombstoned the retry, and the
+/// partition's next owner lost it.)
 #[test]
-fn a_retry_taken_and_put_back_keeps_the_earlier_fire_off_its_put() {
+fn a_retry_whose_fire_failed_keeps_the_earlier_fire_off_its_put() {
     let (_d, s) = store();
     s.apply(0, &[put("k", 100, 10)], None).unwrap();
     let mut w = TimerWheel::new(10_000, 100);
@@ -362,6 +363,9 @@ fn a_retry_taken_and_put_back_keeps_the_earlier_fire_off_its_put() {
     w.follow(&applied);
     let second = take(&mut w, 1_000, 10);
     assert_eq!(second.len(), 1, "the retry is due too");
+    // Its round finishes as `finish` does: every job's firing ends, the
+    // failed ones go back.
+    w.fired(&second);
     w.put_back(second, &HashMap::default());
     assert!(w.is_firing(0, &id), "the first run still fires");
     assert!(

@@ -276,41 +276,45 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commi
             Err(e) => debug!(error = %e, "offsets not stored (partitions gone)"),
         }
     }
-    let since = commits.last.elapsed();
-    if commits.stored && since >= COMMIT_EVERY {
+    if commits.stored && commits.last.elapsed() >= COMMIT_EVERY {
         commits.stored = false;
         commits.last = Instant::now();
         // The result goes to the commit callback.
         let _ = consumer.commit_consumer_state(CommitMode::Async);
+    }
+    // The coordinator's last answer is a sixth of the session old, or jobs
+    // wait for one (see `Shared::in_touch`): commit where the partitions
+    // stand, synchronously (librdkafka reports the outcome of a manual
+    // asynchronous commit to no callback, only its own timer's).
+    if commits.asked.elapsed() < COMMIT_EVERY {
         return;
     }
-    // Nothing moved for a while, or jobs wait for an answer from the group
-    // coordinator (see `Shared::in_touch`): commit where the partitions
-    // stand, for the coordinator's answer.
-    let waiting = since >= COMMIT_EVERY && {
+    let (stale, waiting) = {
         let st = shared.state();
-        st.out_of_touch && st.buffered() > 0
+        let stale = st
+            .heard
+            .is_none_or(|t| t.elapsed() >= shared.cfg.worker.session_timeout / 6);
+        (stale, st.out_of_touch && st.buffered() > 0)
     };
-    if waiting || since >= shared.cfg.worker.session_timeout / 6 {
-        commits.last = Instant::now();
-        let mut tpl = TopicPartitionList::new();
-        {
-            let st = shared.state();
-            for tp in st.owned.keys() {
-                if let Some(c) = st.tracker.commit_point(*tp) {
-                    offset_to_commit(shared, &st, &mut tpl, *tp, c);
-                }
+    if !(stale || waiting) {
+        return;
+    }
+    commits.asked = Instant::now();
+    let mut tpl = TopicPartitionList::new();
+    {
+        let st = shared.state();
+        for tp in st.owned.keys() {
+            if let Some(c) = st.tracker.commit_point(*tp) {
+                offset_to_commit(shared, &st, &mut tpl, *tp, c);
             }
         }
-        if tpl.count() > 0 {
-            // Stored too, so that librdkafka's own commits never go below.
-            let _ = consumer.store_offsets(&tpl);
-            // Synchronous: librdkafka reports the outcome of a manual
-            // asynchronous commit to no callback (only its own timer's).
-            match consumer.commit(&tpl, CommitMode::Sync) {
-                Ok(()) => shared.heard_from_coordinator(),
-                Err(e) => debug!(error = %e, "offset commit to hear from the group coordinator failed"),
-            }
+    }
+    if tpl.count() > 0 {
+        // Stored too, so that librdkafka's own commits never go below.
+        let _ = consumer.store_offsets(&tpl);
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => shared.heard_from_coordinator(),
+            Err(e) => debug!(error = %e, "offset commit to hear from the group coordinator failed"),
         }
     }
 }
@@ -334,6 +338,8 @@ pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
 pub(super) struct Commits {
     stored: bool,
     last: Instant,
+    /// The last commit made to hear from the coordinator.
+    asked: Instant,
 }
 
 impl Default for Commits {
@@ -341,6 +347,7 @@ impl Default for Commits {
         Commits {
             stored: false,
             last: Instant::now(),
+            asked: Instant::now(),
         }
     }
 }
