@@ -282,33 +282,34 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commi
         // The result goes to the commit callback.
         let _ = consumer.commit_consumer_state(CommitMode::Async);
     }
-    // The coordinator's last answer is a sixth of the session old, or jobs
-    // wait for one (see `Shared::in_touch`): commit where the partitions
-    // stand, synchronously (librdkafka reports the outcome of a manual
-    // asynchronous commit to no callback, only its own timer's).
+    hear_from_coordinator(shared, consumer, commits);
+}
+
+/// When the coordinator's last answer is a sixth of the session old, or
+/// jobs wait for one (see `Shared::in_touch`), at most every
+/// [`COMMIT_EVERY`]: commit where the partitions stand, synchronously
+/// (librdkafka reports the outcome of a manual asynchronous commit to no
+/// callback, only its own timer's).
+fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
     if commits.asked.elapsed() < COMMIT_EVERY {
         return;
     }
-    let (stale, waiting) = {
+    let mut tpl = TopicPartitionList::new();
+    {
         let st = shared.state();
         let stale = st
             .heard
             .is_none_or(|t| t.elapsed() >= shared.cfg.worker.session_timeout / 6);
-        (stale, st.out_of_touch && st.buffered() > 0)
-    };
-    if !(stale || waiting) {
-        return;
-    }
-    commits.asked = Instant::now();
-    let mut tpl = TopicPartitionList::new();
-    {
-        let st = shared.state();
+        if !(stale || st.out_of_touch && st.buffered() > 0) {
+            return;
+        }
         for tp in st.owned.keys() {
             if let Some(c) = st.tracker.commit_point(*tp) {
                 offset_to_commit(shared, &st, &mut tpl, *tp, c);
             }
         }
     }
+    commits.asked = Instant::now();
     if tpl.count() > 0 {
         // Stored too, so that librdkafka's own commits never go below.
         let _ = consumer.store_offsets(&tpl);
