@@ -99,16 +99,20 @@ impl JobId {
     /// each id once, so each park gets an id of its own: two parks of one
     /// job, or a park and the job's retry, never replace each other there
     /// (a replaced park's number would never come back to its key). The
-    /// park number is mixed into the last four bytes and the variant bits
-    /// are flipped (an id Kairos makes, RFC 4122, cannot be one of them);
-    /// applied again, it gives the job's own id back ([`JobId::of_park`]).
-    pub fn for_park(self, seq: u32) -> JobId {
-        JobId(Uuid::from_u128(self.0.as_u128() ^ (0b11 << 62) ^ u128::from(seq)))
+    /// park number is mixed into the id's random bits (its low 62 bits into
+    /// the last 62, its top two into two bits of the first random field)
+    /// and the variant bits are flipped (an id Kairos makes, RFC 4122,
+    /// cannot be one of them); applied again, it gives the job's own id
+    /// back ([`JobId::of_park`]).
+    pub fn for_park(self, seq: u64) -> JobId {
+        let seq = u128::from(seq);
+        let mixed = (seq & ((1 << 62) - 1)) | ((seq >> 62) << 64);
+        JobId(Uuid::from_u128(self.0.as_u128() ^ (0b11 << 62) ^ mixed))
     }
 
     /// The job's own id, from the id [`JobId::for_park`] gave its park
     /// number `seq`.
-    pub fn of_park(self, seq: u32) -> JobId {
+    pub fn of_park(self, seq: u64) -> JobId {
         self.for_park(seq)
     }
 }
@@ -247,7 +251,7 @@ pub struct Job {
     pub limit_key: Option<Vec<u8>>,
     /// Set by a worker on a job it parked behind a held key (the park's
     /// sequence number in that key's hold); never set by producers.
-    pub parked: Option<u32>,
+    pub parked: Option<u64>,
     /// Headers the producer set for its own use, in order, passed through
     /// untouched (`None` is a header with a null value, which Kafka allows).
     pub headers: HeaderList,
@@ -401,6 +405,19 @@ mod tests {
         assert_ne!(other.for_park(3), other);
         assert_ne!(other.for_park(3), other.for_park(4));
         assert_eq!(other.for_park(3).of_park(3), other);
+        // Wide park numbers (a hold's identity in the top bits) too, up to
+        // the largest: none gives an RFC 4122 id, none gives another's.
+        let wide = [1u64 << 32 | 1, 1 << 32 | 2, 2 << 32 | 1, (1 << 62) - 1, u64::MAX];
+        for n in wide {
+            assert_eq!(id.for_park(n).of_park(n), id, "{n:#x}");
+            assert_ne!(
+                id.for_park(n).uuid().get_variant(),
+                uuid::Variant::RFC4122,
+                "{n:#x}"
+            );
+        }
+        let ids: std::collections::HashSet<_> = wide.iter().map(|n| id.for_park(*n)).collect();
+        assert_eq!(ids.len(), wide.len());
     }
 
     #[test]

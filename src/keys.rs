@@ -40,7 +40,7 @@ pub struct HeldKey {
     /// When its next run is due, ms since the epoch.
     pub due_ms: Option<i64>,
     /// Jobs parked behind it and not yet run.
-    pub parked: u32,
+    pub parked: u64,
     /// How long the key has been held, ms.
     pub age_ms: i64,
     /// A job released by an operator, dead-lettered when it comes back.

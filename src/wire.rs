@@ -18,7 +18,7 @@
 //! | `kairos-early` | integer milliseconds, 1 to 30 days: how long before its run-at the job may run when workers are idle | never early |
 //! | `kairos-last-error` | text | none |
 //! | `kairos-limit-key` | bytes: the key the job is paced under (`[worker.pacing]`) | its entity key |
-//! | `kairos-parked` | integer ≥ 1, set by workers only: the job was parked behind its held key | not parked |
+//! | `kairos-parked` | integer 1 to 2^64 − 1, set by workers only: the job was parked behind its held key (its park number; schedulers read numbers above 2^32 − 1 from this version on: upgrade schedulers before workers) | not parked |
 //! | `kairos-op` | `schedule`, `cancel` or `reschedule` (schedule topic); `release` (work topic: `kairos keys release`) | `schedule` |
 //!
 //! Decoding never panics; every problem is a [`DecodeError`] naming the
@@ -252,6 +252,10 @@ impl OwnedRecord {
 
 /// What a record asks for: on the schedule topic, of the scheduler; on a
 /// work topic, of the worker (a job, or a key's release).
+///
+/// Nearly every record is a job: boxing it to shrink the rare variants
+/// would cost an allocation per job decoded.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Hold the job until its run-at, then fire it into its work topic.

@@ -16,9 +16,13 @@ use crate::job::{Job, JobId, Priority};
 /// so stores and changelogs of jobs without them read as before. Version 3
 /// is version 2 followed by the limit key (optional bytes) and the park
 /// sequence (4 bytes, 0 for none), written only for jobs with either.
+/// Version 4 is version 3 with an 8-byte park sequence, written only for a
+/// park number above `u32::MAX` (so that a store of narrow numbers reads in
+/// the versions before).
 const FORMAT: u8 = 1;
 const FORMAT_2: u8 = 2;
 const FORMAT_3: u8 = 3;
+const FORMAT_4: u8 = 4;
 
 /// A job as the scheduler holds it: the job and its arrival sequence (the
 /// schedule-topic offset it came from), which orders jobs of equal run-at.
@@ -79,12 +83,14 @@ impl StoredJob {
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
         let mut out = Vec::with_capacity(64 + j.key.len() + j.payload.len() + j.topic.len());
-        let v3 = j.limit_key.is_some() || j.parked.is_some();
+        let v4 = j.parked.is_some_and(|n| n > u64::from(u32::MAX));
+        let v3 = v4 || j.limit_key.is_some() || j.parked.is_some();
         let v2 = v3 || j.priority != Priority::Normal || j.early.is_some();
-        out.push(match (v3, v2) {
-            (true, _) => FORMAT_3,
-            (false, true) => FORMAT_2,
-            (false, false) => FORMAT,
+        out.push(match (v4, v3, v2) {
+            (true, _, _) => FORMAT_4,
+            (false, true, _) => FORMAT_3,
+            (false, false, true) => FORMAT_2,
+            (false, false, false) => FORMAT,
         });
         out.extend_from_slice(j.id.as_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -108,7 +114,11 @@ impl StoredJob {
         }
         if v3 {
             put_opt(&mut out, j.limit_key.as_deref());
-            out.extend_from_slice(&j.parked.unwrap_or(0).to_be_bytes());
+            let parked = j.parked.unwrap_or(0);
+            match u32::try_from(parked) {
+                Ok(narrow) if !v4 => out.extend_from_slice(&narrow.to_be_bytes()),
+                _ => out.extend_from_slice(&parked.to_be_bytes()),
+            }
         }
         out
     }
@@ -116,7 +126,7 @@ impl StoredJob {
     /// The id, seq and run-at of encoded bytes, without decoding the rest
     /// (`None` when the bytes are not a job of this format).
     pub fn peek(bytes: &[u8]) -> Option<Peeked> {
-        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2 | &FORMAT_3)) {
+        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2 | &FORMAT_3 | &FORMAT_4)) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
@@ -133,7 +143,7 @@ impl StoredJob {
     pub fn decode(bytes: &[u8]) -> Result<StoredJob, CorruptJob> {
         let mut r = Reader(bytes);
         let version = r.take(1)?[0];
-        if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3) {
+        if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3 | FORMAT_4) {
             return Err(CorruptJob("unknown format version"));
         }
         let id = JobId::from_bytes(r.array()?);
@@ -160,9 +170,13 @@ impl StoredJob {
         } else {
             (Priority::Normal, None)
         };
-        let (limit_key, parked) = if version == FORMAT_3 {
+        let (limit_key, parked) = if version >= FORMAT_3 {
             let limit_key = r.opt()?.map(<[u8]>::to_vec);
-            let parked = u32::from_be_bytes(r.array()?);
+            let parked = if version == FORMAT_4 {
+                u64::from_be_bytes(r.array()?)
+            } else {
+                u64::from(u32::from_be_bytes(r.array()?))
+            };
             (limit_key, (parked > 0).then_some(parked))
         } else {
             (None, None)
@@ -280,7 +294,7 @@ mod tests {
         assert_eq!(StoredJob::peek(&[]), None);
         assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();
-        other[0] = FORMAT_3 + 1;
+        other[0] = FORMAT_4 + 1;
         assert_eq!(StoredJob::peek(&other), None);
         let mut v2 = s.clone();
         v2.job = v2.job.early(std::time::Duration::from_secs(5));
@@ -325,6 +339,27 @@ mod tests {
         let mut parked_only = sample();
         parked_only.job.parked = Some(1);
         assert_eq!(StoredJob::decode(&parked_only.encode()).unwrap(), parked_only);
+    }
+
+    #[test]
+    fn a_wide_park_number_is_written_as_version_4() {
+        let mut narrow = sample();
+        narrow.job.parked = Some(u64::from(u32::MAX));
+        let narrow_bytes = narrow.encode();
+        assert_eq!(
+            narrow_bytes[0], FORMAT_3,
+            "a number that fits 4 bytes keeps version 3"
+        );
+        let mut wide = sample();
+        wide.job.parked = Some((7 << 32) | 3);
+        let bytes = wide.encode();
+        assert_eq!(bytes[0], FORMAT_4);
+        assert_eq!(bytes.len(), narrow_bytes.len() + 4);
+        assert_eq!(StoredJob::decode(&bytes).unwrap(), wide);
+        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(wide.job.id));
+        for n in 0..bytes.len() {
+            assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
+        }
     }
 
     #[test]

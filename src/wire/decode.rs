@@ -57,12 +57,25 @@ impl<'a> Found<'a> {
     }
 
     fn count(&self, name: &'static str) -> Result<Option<u32>, DecodeError> {
+        let n = self.at_most(name, u64::from(u32::MAX))?;
+        Ok(n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+
+    /// A positive integer header no larger than `max`.
+    fn at_most(&self, name: &'static str, max: u64) -> Result<Option<u64>, DecodeError> {
         let Some((n, text)) = self.positive(name)? else {
             return Ok(None);
         };
-        u32::try_from(n)
-            .map(Some)
-            .map_err(|_| bad(name, HeaderProblem::TooLarge(text.to_string())))
+        match u64::try_from(n) {
+            Ok(n) if n <= max => Ok(Some(n)),
+            _ => Err(bad(
+                name,
+                HeaderProblem::TooLarge {
+                    value: text.to_string(),
+                    max,
+                },
+            )),
+        }
     }
 
     fn priority(&self) -> Result<Priority, DecodeError> {
@@ -276,7 +289,7 @@ pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Resul
         early: found.early()?,
         last_error: found.text(header::LAST_ERROR)?.map(str::to_string),
         limit_key: found.limit_key(limits)?,
-        parked: found.count(header::PARKED)?,
+        parked: found.at_most(header::PARKED, u64::MAX)?,
         headers: user_headers,
     }))
 }
@@ -359,8 +372,8 @@ pub fn check(job: &Job, limits: &Limits) -> Result<(), DecodeError> {
         }
     }
     for (name, n) in [
-        (header::ATTEMPT, Some(job.attempt)),
-        (header::MAX_ATTEMPTS, job.max_attempts),
+        (header::ATTEMPT, Some(u64::from(job.attempt))),
+        (header::MAX_ATTEMPTS, job.max_attempts.map(u64::from)),
         (header::PARKED, job.parked),
     ] {
         if n == Some(0) {

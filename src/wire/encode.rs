@@ -33,7 +33,7 @@ pub fn kafka_headers(job: &Job) -> rdkafka::message::OwnedHeaders {
 }
 
 /// `n` in decimal, written into `buf` (no allocation: this runs for every fired job).
-pub(super) fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+pub(super) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     loop {
         at -= 1;
@@ -55,10 +55,10 @@ pub(super) fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
     );
     put(header::RUN_AT, Some(format_time(job.run_at).as_bytes()));
     put(header::TOPIC, Some(job.topic.as_bytes()));
-    let mut digits = [0u8; 10];
-    put(header::ATTEMPT, Some(decimal(job.attempt, &mut digits)));
+    let mut digits = [0u8; 20];
+    put(header::ATTEMPT, Some(decimal(job.attempt.into(), &mut digits)));
     if let Some(n) = job.max_attempts {
-        put(header::MAX_ATTEMPTS, Some(decimal(n, &mut digits)));
+        put(header::MAX_ATTEMPTS, Some(decimal(n.into(), &mut digits)));
     }
     if let Some(t) = &job.tenant {
         put(header::TENANT, Some(t.as_bytes()));

@@ -30,8 +30,13 @@ pub enum HeaderProblem {
         min: u32,
     },
     /// The integer is above the maximum.
-    #[error("`{0}` is larger than {max}", max = u32::MAX)]
-    TooLarge(String),
+    #[error("`{value}` is larger than {max}")]
+    TooLarge {
+        /// The value found.
+        value: String,
+        /// The largest value allowed.
+        max: u64,
+    },
     /// A value longer than allowed.
     #[error("is {len} bytes, more than the limit of {max}")]
     TooLong {

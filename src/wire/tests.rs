@@ -48,7 +48,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
             0usize..3,
             proptest::option::of(1u64..=MAX_EARLY_MS),
             proptest::option::of(proptest::collection::vec(any::<u8>(), 1..16)),
-            proptest::option::of(1u32..),
+            proptest::option::of(1u64..),
         ),
     )
         .prop_map(
@@ -380,9 +380,21 @@ fn errors_read_well() {
 }
 
 #[test]
-fn decimal_writes_every_u32_as_to_string_does() {
-    let mut buf = [0u8; 10];
-    for n in [0, 1, 9, 10, 99, 100, 12_345, 1_000_000_000, u32::MAX] {
+fn decimal_writes_every_u64_as_to_string_does() {
+    let mut buf = [0u8; 20];
+    for n in [
+        0,
+        1,
+        9,
+        10,
+        99,
+        100,
+        12_345,
+        1_000_000_000,
+        u32::MAX.into(),
+        1 << 62,
+        u64::MAX,
+    ] {
         assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes());
     }
 }

@@ -24,7 +24,7 @@
 //! keyed by topic and key, partition = work partition) before the offset
 //! that caused the change is committed, and read back when a partition is
 //! assigned, before any of its jobs starts: a hold survives kill -9 and
-//! rebalances. Memory: one boxed [`Hold`] per key held now (112 bytes),
+//! rebalances. Memory: one boxed [`Hold`] per key held now (136 bytes),
 //! the key, and a 24-byte table slot (up to twice as many slots as keys),
 //! at most `[worker] max_held_keys`.
 //!
@@ -61,7 +61,7 @@ pub struct Blocker {
     pub cause: Cause,
     /// Its park sequence, when it was a parked job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seq: Option<u32>,
+    pub seq: Option<u64>,
     /// Its next run has been read (it is buffered or running here): jobs
     /// parked behind it queue behind it instead of being parked again. Not
     /// kept in the held topic: after a restart it is read again.
@@ -78,12 +78,12 @@ pub struct Hold {
     /// dead-lettered or released, while parked jobs are still out.
     pub blocker: Option<Blocker>,
     /// The last park sequence given.
-    pub last_seq: u32,
+    pub last_seq: u64,
     /// Every parked job up to this sequence has run.
-    pub done_seq: u32,
+    pub done_seq: u64,
     /// Parked jobs let into the lock table, in order, up to this sequence
     /// (at least `done_seq`; not kept: after a restart, `done_seq`).
-    pub admitted_seq: u32,
+    pub admitted_seq: u64,
     /// Jobs read while the last parked ones are coming back, waiting in
     /// memory to run after them (not kept: they are read again).
     pub waiting: u32,
@@ -99,7 +99,7 @@ pub struct Hold {
     /// The last park sequence Kafka acknowledged: what the held topic may
     /// say was given (a park not written when the worker dies is read
     /// again and parked anew, so its number must not count; not kept).
-    pub sent_seq: u32,
+    pub sent_seq: u64,
     /// The latest run-at given to a parked job, ms: later ones go no earlier.
     pub tail_at_ms: i64,
     /// When the key was held, ms since the epoch.
@@ -135,9 +135,9 @@ pub struct Rare {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skip {
     /// The last number before the skip.
-    pub after: u32,
+    pub after: u64,
     /// The last number skipped.
-    pub upto: u32,
+    pub upto: u64,
 }
 
 impl Hold {
@@ -152,24 +152,23 @@ impl Hold {
     /// one, read again after a crash, is a job like any other here; see
     /// [`first_number`]), nor one it passes over (a previous owner's park
     /// the held topic did not count: see [`Hold::loaded`]).
-    pub fn gave(&self, seq: u32) -> bool {
+    pub fn gave(&self, seq: u64) -> bool {
         !self.passes_over(seq)
-            && (seq >> NUMBER_BITS == self.last_seq >> NUMBER_BITS
-                || (seq > self.done_seq && seq <= self.last_seq))
+            && (range_of(seq) == range_of(self.last_seq) || (seq > self.done_seq && seq <= self.last_seq))
     }
 
     /// Whether `seq` is one of the numbers this hold passes over.
-    fn passes_over(&self, seq: u32) -> bool {
+    fn passes_over(&self, seq: u64) -> bool {
         self.skip_of(seq).is_some()
     }
 
     /// The skip that passes over `seq`, if one does.
-    fn skip_of(&self, seq: u32) -> Option<&Skip> {
+    fn skip_of(&self, seq: u64) -> Option<&Skip> {
         self.skipped().iter().find(|s| seq > s.after && seq <= s.upto)
     }
 
     /// The park number after `seq` in this hold's order.
-    pub(crate) fn next_number(&self, seq: u32) -> u32 {
+    pub(crate) fn next_number(&self, seq: u64) -> u64 {
         let mut n = seq.saturating_add(1);
         while let Some(s) = self.skip_of(n) {
             n = s.upto.saturating_add(1);
@@ -212,14 +211,14 @@ impl Hold {
     }
 
     /// `job`'s park number, when this hold gave it (see [`Hold::gave`]).
-    pub fn park_of(&self, job: &Job) -> Option<u32> {
+    pub fn park_of(&self, job: &Job) -> Option<u64> {
         job.parked.filter(|s| self.gave(*s))
     }
 
     /// Whether `job` (park number `own` of this hold, if any) is an earlier
     /// run of the job holding the key, already dealt with: see
     /// [`Admit::Stale`].
-    fn stale_run(&self, job: &Job, own: Option<u32>) -> bool {
+    fn stale_run(&self, job: &Job, own: Option<u64>) -> bool {
         self.blocker
             .as_ref()
             .is_some_and(|b| b.id == job.id && job.attempt < b.attempt)
@@ -227,9 +226,9 @@ impl Hold {
     }
 
     /// Parked jobs not yet run.
-    pub fn parked(&self) -> u32 {
+    pub fn parked(&self) -> u64 {
         let (done, last) = (self.done_seq.min(self.last_seq), self.last_seq);
-        let passed_over: u32 = self
+        let passed_over: u64 = self
             .skipped()
             .iter()
             .map(|s| s.upto.min(last).saturating_sub(s.after.max(done)))
@@ -262,9 +261,14 @@ impl Hold {
         self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
         let last = self.last_seq;
-        // A skip never reaches the last number, so one is always left to
-        // go on with (see `LOAD_SKIP`).
-        let upto = |from: u32| from.saturating_add(LOAD_SKIP).min(u32::MAX - 1);
+        // A skip never reaches the last number of the hold's range, so one
+        // is always left to go on with (see `LOAD_SKIP`).
+        let (skip, end) = if last > LEGACY_END {
+            (LOAD_SKIP_WIDE, last | u64::from(u32::MAX))
+        } else {
+            (LOAD_SKIP, LEGACY_END)
+        };
+        let upto = |from: u64| from.saturating_add(skip).min(end - 1);
         let rare = self.rare_mut();
         match rare.skipped.last_mut() {
             // Nothing written since the last skip: the owner that read the
@@ -292,7 +296,7 @@ impl Hold {
     /// of the job, when it was read as written (not a parked job back from
     /// the scheduler, whose own record's offset says nothing of the jobs
     /// read before it).
-    pub fn sent(&mut self, seq: u32, fresh: Option<i64>) {
+    pub fn sent(&mut self, seq: u64, fresh: Option<i64>) {
         self.sent_seq = self.sent_seq.max(seq);
         if let Some(offset) = fresh {
             self.parked_to = self.parked_to.max(offset);
@@ -308,7 +312,7 @@ pub enum Admit {
     /// Park it: write it to the scheduler due at `at_ms`, marked `seq`.
     Park {
         /// Its park sequence.
-        seq: u32,
+        seq: u64,
         /// Its run-at, ms.
         at_ms: i64,
     },
@@ -360,31 +364,54 @@ pub(crate) const BACK_OFF_MAX_MS: i64 = 30_000;
 /// up trades it, for that key, for not being held forever (logged).
 pub(crate) const GIVE_UP_MS: i64 = 300_000;
 
-/// How many park numbers a hold read back passes over (see
-/// [`Hold::loaded`]): more than a worker gives one key between two writes
-/// of its hold (a keeper round). A hold read back 128 times stays within
-/// the numbers left above its first (at least 2^23); past that its skips
-/// stop short of the last number, and numbers given from there on may be
-/// given twice, as when a hold runs out of numbers.
-pub(crate) const LOAD_SKIP: u32 = 1 << 16;
+/// How many park numbers a hold whose numbers are of the old, narrow form
+/// (at most `u32::MAX`: written before park numbers were widened) passes
+/// over when it is read back (see [`Hold::loaded`]): more than a worker
+/// gives one key between two writes of its hold (a keeper round).
+pub(crate) const LOAD_SKIP: u64 = 1 << 16;
 
-/// The low bits of a park number that count a hold's parks; the high ones
-/// tell a hold from the key's holds before it.
-const NUMBER_BITS: u32 = 22;
+/// How many park numbers a hold passes over when it is read back (see
+/// [`Hold::loaded`]): more than a worker gives one key between two writes
+/// of its hold (a keeper round writes every hold it changed). A hold has
+/// 2^32 numbers: it can be read back 4,095 times before its skips stop
+/// short of its last number, and numbers given from there on may be given
+/// twice, as when a hold runs out of numbers.
+pub(crate) const LOAD_SKIP_WIDE: u64 = 1 << 20;
+
+/// The last park number of the old, narrow form.
+const LEGACY_END: u64 = u32::MAX as u64;
+
+/// The low bits of a narrow park number that count a hold's parks; the
+/// high ones told a hold from the key's holds before it.
+const LEGACY_NUMBER_BITS: u32 = 22;
+
+/// Which hold of its key a park number belongs to: its top 32 bits (the
+/// hold's identity, see [`first_number`]), or, for a number of the old,
+/// narrow form, its top 10 bits, told apart from any identity.
+fn range_of(seq: u64) -> u64 {
+    if seq > LEGACY_END {
+        seq >> 32
+    } else {
+        (1 << 32) | (seq >> LEGACY_NUMBER_BITS)
+    }
+}
 
 /// The number a hold that began at `since_ms` counts its parks from (its
-/// first park is one more): the top bits are drawn from `since_ms`, so that
-/// the numbers of a key's successive holds differ (but for one pair in
-/// 1,023, or two holds begun in the same millisecond) and a park of an
-/// earlier hold, read again after a crash, is not taken for one of the
-/// current hold. A hold counts about four million parks apart; past that
-/// its numbers run into the next range and are still its own (`Hold::gave`;
-/// the last range is never a first one, so there is always one more). 0 at
-/// `since_ms` 0.
-pub(crate) fn first_number(since_ms: i64) -> u32 {
+/// first park is one more): `identity << 32`, with a 30-bit identity drawn
+/// from `since_ms`, never 0, so that the numbers of a key's successive
+/// holds differ (but for one pair in about a billion, or two holds begun
+/// in the same millisecond) and a park of an earlier hold, read again
+/// after a crash or still coming back, is not taken for one of the current
+/// hold. A hold counts 2^32 parks; the identity stays below 2^30 so that a
+/// park number fits the bits [`crate::job::JobId::for_park`] mixes it into.
+/// 0 at `since_ms` 0 (tests: numbers 1, 2, 3, ...).
+pub(crate) fn first_number(since_ms: i64) -> u64 {
+    if since_ms == 0 {
+        return 0;
+    }
     let mixed = (since_ms as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let ranges = 1u64 << (32 - NUMBER_BITS);
-    (((mixed >> (64 - (32 - NUMBER_BITS))) % (ranges - 1)) as u32) << NUMBER_BITS
+    let identity = 1 + (mixed >> 34) % ((1 << 30) - 1);
+    identity << 32
 }
 
 /// How a job of a holdable key settled, as far as its key is concerned.

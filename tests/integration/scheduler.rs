@@ -185,7 +185,8 @@ async fn cancel_and_reschedule_take_effect() {
 /// each under a number of its own) and the job's retry are three jobs to
 /// the scheduler: each fires, with the job's own id. Kept under one id, the
 /// later would replace the earlier, and the held key would wait for a park
-/// number that never comes back.
+/// number that never comes back. One park number is of the narrow form,
+/// one wide (a hold's identity in its top bits, stored as format 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parks_of_one_job_and_its_retry_each_fire_with_the_jobs_own_id() {
     let (_broker, _dir, cfg, running) = started().await;
@@ -201,7 +202,8 @@ async fn parks_of_one_job_and_its_retry_each_fire_with_the_jobs_own_id() {
         attempt: 2,
         ..job.clone()
     };
-    for (j, ms) in [(park(1), 0), (park(2), 100), (retry, 200)] {
+    let wide = (0x2bad_cafe << 32) | 2;
+    for (j, ms) in [(park(1), 0), (park(wide), 100), (retry, 200)] {
         producer
             .enqueue(j)
             .at(at + chrono::Duration::milliseconds(ms))
@@ -209,14 +211,14 @@ async fn parks_of_one_job_and_its_retry_each_fire_with_the_jobs_own_id() {
             .unwrap();
     }
     let fired = read_n(&cfg.kafka.brokers, &work, 3, T);
-    let seen: Vec<(JobId, Option<u32>, u32)> = fired
+    let seen: Vec<(JobId, Option<u64>, u32)> = fired
         .iter()
         .map(job_of)
         .map(|j| (j.id, j.parked, j.attempt))
         .collect();
     assert_eq!(
         seen,
-        vec![(job.id, Some(1), 1), (job.id, Some(2), 1), (job.id, None, 2)]
+        vec![(job.id, Some(1), 1), (job.id, Some(wide), 1), (job.id, None, 2)]
     );
     wait_for("pending to drain", T, || {
         (running.handle.stats().pending == 0).then_some(())

@@ -302,7 +302,13 @@ async fn read_before_its_run_at(on_failure: kairos::config::OnFailure) {
             Outcome::done()
         }
     });
-    // A foreign producer writes a future job straight to the work topic.
+    // Once the worker owns the work partitions (a join slowed down by a
+    // busy machine would otherwise read the job after its run-at), a
+    // foreign producer writes a future job straight to the work topic.
+    let partitions = cfg.topics.work_partitions as usize;
+    wait_for("the worker to own the work partitions", T, || {
+        (sys.worker.stats().owned == partitions).then_some(())
+    });
     let at = Utc::now() + chrono::Duration::seconds(3);
     let plain: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &cfg.kafka.brokers)

@@ -111,7 +111,10 @@ fn attempts_must_be_positive_integers() {
     expect_bad(
         vec![("kairos-attempt", Some(b"4294967296"))],
         "kairos-attempt",
-        HeaderProblem::TooLarge("4294967296".into()),
+        HeaderProblem::TooLarge {
+            value: "4294967296".into(),
+            max: u64::from(u32::MAX),
+        },
     );
 }
 

@@ -431,7 +431,7 @@ fn park_new(h: &mut Hold, at_ms: i64) -> Admit {
 /// turn, or out again due at `again_ms` while jobs parked before it are out
 /// (the blocker's own retry, always written before its hold, runs
 /// meanwhile).
-fn blockers_next_run(h: &mut Hold, parked: Option<u32>, again_ms: i64) -> Admit {
+fn blockers_next_run(h: &mut Hold, parked: Option<u64>, again_ms: i64) -> Admit {
     match parked {
         Some(seq) if seq > h.next_number(h.admitted_seq) => return out_again(h, seq, again_ms),
         Some(seq) if seq == h.next_number(h.admitted_seq) => h.admitted_seq = seq,
@@ -454,7 +454,7 @@ fn again_at(now_ms: i64, since_ms: i64) -> i64 {
 }
 
 /// A parked job out again, keeping its sequence, due at `at_ms`.
-fn out_again(h: &mut Hold, seq: u32, at_ms: i64) -> Admit {
+fn out_again(h: &mut Hold, seq: u64, at_ms: i64) -> Admit {
     h.tail_at_ms = h.tail_at_ms.max(at_ms);
     Admit::Park { seq, at_ms }
 }

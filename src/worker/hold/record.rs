@@ -69,8 +69,8 @@ fn is_no_offset(offset: &i64) -> bool {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Kept {
     blocker: Option<Blocker>,
-    last_seq: u32,
-    done_seq: u32,
+    last_seq: u64,
+    done_seq: u64,
     tail_at_ms: i64,
     since_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

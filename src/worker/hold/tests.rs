@@ -38,7 +38,7 @@ fn simulate(log: Vec<Job>, mut fail: BTreeMap<u32, u32>) -> (Vec<u32>, Holds<i32
     // Jobs waiting in memory for the key's parked jobs.
     let mut waiting: Vec<Job> = Vec::new();
     let mut starts = Vec::new();
-    let park = |p: Job, seq: u32, at_ms: i64, scheduler: &mut BTreeMap<(i64, u64), Job>| {
+    let park = |p: Job, seq: u64, at_ms: i64, scheduler: &mut BTreeMap<(i64, u64), Job>| {
         let mut p = p;
         p.parked = Some(seq);
         p.run_at = chrono::DateTime::from_timestamp_millis(at_ms).unwrap();

@@ -295,7 +295,7 @@ pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
 }
 
 /// A parked job as the keeper writes it.
-fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u32, at_ms: i64) -> ParkedJob {
+fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u64, at_ms: i64) -> ParkedJob {
     // Read as written, or a copy parked under an earlier hold of its key
     // (given a number of this one): its offset counts in `Hold::parked_to`.
     let fresh = job.parked.is_none_or(|s| s != seq);

@@ -359,19 +359,34 @@ impl Default for Commits {
 pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     let now = shared.clock.now();
     let tolerance = chrono::Duration::from_std(shared.cfg.worker.early_tolerance).unwrap_or_default();
-    let mut jobs: Vec<Entry> = Vec::with_capacity(msgs.len());
-    for m in msgs {
-        let Some(tp) = shared.tp(m.topic(), m.partition()) else {
-            continue;
-        };
+    let decoded: Vec<_> = msgs
+        .iter()
+        .filter_map(|m| {
+            let tp = shared.tp(m.topic(), m.partition())?;
+            let view = RecordView::from_message(m);
+            Some((m, tp, wire::decode(&view, Context::Work, &shared.cfg.limits)))
+        })
+        .collect();
+    // Every job of the batch counts as unfinished before any other record
+    // of it can finish: a release or a dead letter at a higher offset, done
+    // first, would otherwise move the commit point past a job still to run.
+    {
+        let mut st = shared.state();
+        for (m, tp, d) in &decoded {
+            if matches!(d, Ok(Command::Schedule(_))) && st.owned.contains_key(tp) {
+                st.tracker.read(*tp, m.offset());
+            }
+        }
+    }
+    let mut jobs: Vec<Entry> = Vec::with_capacity(decoded.len());
+    for (m, tp, d) in decoded {
         let offset = m.offset();
-        let view = RecordView::from_message(m);
-        match wire::decode(&view, Context::Work, &shared.cfg.limits) {
+        match d {
             Ok(Command::Schedule(job)) => jobs.push(Entry::new(job, tp, offset)),
             Ok(Command::Release { key, id }) => held::release(shared, tp, offset, key, id),
             // Decoding allows neither on a work topic.
             Ok(Command::Cancel(_) | Command::Reschedule { .. }) => {}
-            Err(e) => dead_letter_record(shared, m, &view, &e, tp),
+            Err(e) => dead_letter_record(shared, m, &RecordView::from_message(m), &e, tp),
         }
     }
     let now_ms = now.timestamp_millis();
