@@ -446,8 +446,10 @@ pub fn zadd_all(
 /// one machine: `KAIROS_BENCH_INGEST_BATCH` (`[scheduler] ingest_batch`,
 /// 2000), `KAIROS_BENCH_READ_AHEAD` (its consumer's `queued.min.messages`,
 /// librdkafka's default), `KAIROS_BENCH_LINGER_MS` (its producer's
-/// `linger.ms`, 5) and `KAIROS_BENCH_APPLY_THREADS` (`[scheduler]
-/// apply_threads`, 3). Apply to the scheduler's configuration alone.
+/// `linger.ms`, 5), `KAIROS_BENCH_APPLY_THREADS` (`[scheduler]
+/// apply_threads`, 3) and `KAIROS_BENCH_QUEUE_KBYTES` (its consumer's
+/// `queued.max.messages.kbytes`, librdkafka's default). Apply to the
+/// scheduler's configuration alone.
 pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
         cfg.scheduler.ingest_batch = n;
@@ -461,5 +463,9 @@ pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     }
     if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_APPLY_THREADS").map(|v| v.parse()) {
         cfg.scheduler.apply_threads = n;
+    }
+    if let Ok(n) = std::env::var("KAIROS_BENCH_QUEUE_KBYTES") {
+        let v = n.as_str().into();
+        cfg.kafka.consumer.insert("queued.max.messages.kbytes".into(), v);
     }
 }

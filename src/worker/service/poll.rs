@@ -162,16 +162,23 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         // librdkafka's timer only commits again what a failed commit left.
         auto_commit_every: Duration::from_secs(1),
     };
-    let consumer: BaseConsumer<Ctx> = kafka::consumer(
+    let consumer: Arc<BaseConsumer<Ctx>> = Arc::new(kafka::consumer(
         &shared.cfg.kafka,
         &member,
         "kairos-worker",
         Ctx {
             shared: shared.clone(),
         },
-    )?;
+    )?);
     let topics: Vec<&str> = shared.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
+    let keep_alive = {
+        let (shared, consumer) = (shared.clone(), consumer.clone());
+        std::thread::Builder::new()
+            .name("kairos-keep-alive".into())
+            .spawn(move || keep_alive(&shared, &consumer))
+            .map_err(|e| WorkerError::Fatal(format!("starting the keep-alive thread: {e}")))?
+    };
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
     let mut commits = Commits::default();
     let mut swept = Instant::now();
@@ -238,7 +245,9 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
             accept_batch(shared, &batch);
         }
     }
-    // Shutdown: drain everything we own, as on a revocation.
+    // Shutdown: drain everything we own, as on a revocation (the keep-alive
+    // thread, which sees the stop too, commits nothing meanwhile).
+    let _ = keep_alive.join();
     let owned: Vec<Tp> = shared.state().owned.keys().copied().collect();
     release(shared, &consumer, &owned);
     consumer.unsubscribe();
@@ -282,18 +291,25 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commi
         // The result goes to the commit callback.
         let _ = consumer.commit_consumer_state(CommitMode::Async);
     }
-    hear_from_coordinator(shared, consumer, commits);
+}
+
+/// The keep-alive thread: every [`COMMIT_EVERY`] until the worker stops,
+/// [`hear_from_coordinator`]. A thread of its own, since a synchronous
+/// commit waits for the coordinator, and while none answers the poll thread
+/// must go on serving rebalances (a partition lost is let go, its handlers
+/// cancelled, at once).
+fn keep_alive(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    while !shared.stop.is_cancelled() {
+        std::thread::sleep(COMMIT_EVERY);
+        hear_from_coordinator(shared, consumer);
+    }
 }
 
 /// When the coordinator's last answer is a sixth of the session old, or
-/// jobs wait for one (see `Shared::in_touch`), at most every
-/// [`COMMIT_EVERY`]: commit where the partitions stand, synchronously
-/// (librdkafka reports the outcome of a manual asynchronous commit to no
-/// callback, only its own timer's).
-fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
-    if commits.asked.elapsed() < COMMIT_EVERY {
-        return;
-    }
+/// jobs wait for one (see `Shared::in_touch`): commit where the partitions
+/// stand, synchronously (librdkafka reports the outcome of a manual
+/// asynchronous commit to no callback, only its own timer's).
+fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
     let mut tpl = TopicPartitionList::new();
     {
         let st = shared.state();
@@ -309,7 +325,6 @@ fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits:
             }
         }
     }
-    commits.asked = Instant::now();
     if tpl.count() > 0 {
         // Stored too, so that librdkafka's own commits never go below.
         let _ = consumer.store_offsets(&tpl);
@@ -339,8 +354,6 @@ pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
 pub(super) struct Commits {
     stored: bool,
     last: Instant,
-    /// The last commit made to hear from the coordinator.
-    asked: Instant,
 }
 
 impl Default for Commits {
@@ -348,7 +361,6 @@ impl Default for Commits {
         Commits {
             stored: false,
             last: Instant::now(),
-            asked: Instant::now(),
         }
     }
 }
