@@ -169,9 +169,12 @@ impl Hold {
 
     /// The park number after `seq` in this hold's order.
     pub(crate) fn next_number(&self, seq: u64) -> u64 {
-        let mut n = seq.saturating_add(1);
+        // A hold of the narrow form stays in it: its last number is
+        // `u32::MAX`, given again once reached, as before.
+        let end = if seq <= LEGACY_END { LEGACY_END } else { u64::MAX };
+        let mut n = seq.saturating_add(1).min(end);
         while let Some(s) = self.skip_of(n) {
-            n = s.upto.saturating_add(1);
+            n = s.upto.saturating_add(1).min(end);
         }
         n
     }

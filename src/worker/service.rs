@@ -178,6 +178,10 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled whenever a handler finishes.
     finished: Condvar,
+    /// Held by the keep-alive thread from reading the commit points to the
+    /// end of its commit, and by a release around its last commit: a
+    /// keep-alive commit of older commit points never lands after it.
+    commit_lock: Mutex<()>,
     /// Writes early jobs (routed by run-at).
     producer: Producer,
     /// Writes dead letters of records that cannot be read.
@@ -390,6 +394,7 @@ impl WorkerBuilder {
                 pace_wake: tokio::sync::Notify::new(),
                 keeper: keeper::Keeper::new(),
                 finished: Condvar::new(),
+                commit_lock: Mutex::new(()),
                 producer,
                 raw,
                 drivers,

@@ -129,6 +129,11 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
         }
         st = shared.wait_finished(st, left.min(Duration::from_millis(100)));
     }
+    // The commit lock before the state lock, as the keep-alive thread takes
+    // them: no keep-alive commit read before this one lands after it.
+    drop(st);
+    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = shared.state();
     let mut tpl = TopicPartitionList::new();
     for tp in tps {
         if let Some(c) = st.tracker.commit_point(*tp) {
@@ -247,7 +252,9 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     }
     // Shutdown: drain everything we own, as on a revocation (the keep-alive
     // thread, which sees the stop too, commits nothing meanwhile).
-    let _ = keep_alive.join();
+    if keep_alive.join().is_err() {
+        warn!("the keep-alive thread panicked");
+    }
     let owned: Vec<Tp> = shared.state().owned.keys().copied().collect();
     release(shared, &consumer, &owned);
     consumer.unsubscribe();
@@ -310,6 +317,7 @@ fn keep_alive(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
 /// stand, synchronously (librdkafka reports the outcome of a manual
 /// asynchronous commit to no callback, only its own timer's).
 fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
     let mut tpl = TopicPartitionList::new();
     {
         let st = shared.state();
