@@ -24,7 +24,7 @@
 //! keyed by topic and key, partition = work partition) before the offset
 //! that caused the change is committed, and read back when a partition is
 //! assigned, before any of its jobs starts: a hold survives kill -9 and
-//! rebalances. Memory: one boxed [`Hold`] per key held now (136 bytes),
+//! rebalances. Memory: one boxed [`Hold`] per key held now (128 bytes),
 //! the key, and a 24-byte table slot (up to twice as many slots as keys),
 //! at most `[worker] max_held_keys`.
 //!
@@ -59,14 +59,22 @@ pub struct Blocker {
     pub due_ms: i64,
     /// Why it holds the key.
     pub cause: Cause,
-    /// Its park sequence, when it was a parked job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seq: Option<u64>,
+    /// Its park number, when it was a parked job (see [`Blocker::seq`];
+    /// non-zero, so that the option costs no more than the number).
+    #[serde(default, rename = "seq", skip_serializing_if = "Option::is_none")]
+    pub park: Option<std::num::NonZeroU64>,
     /// Its next run has been read (it is buffered or running here): jobs
     /// parked behind it queue behind it instead of being parked again. Not
     /// kept in the held topic: after a restart it is read again.
     #[serde(skip)]
     pub arrived: bool,
+}
+
+impl Blocker {
+    /// Its park number, when it was a parked job.
+    pub fn seq(&self) -> Option<u64> {
+        self.park.map(std::num::NonZeroU64::get)
+    }
 }
 
 /// One held key (the held topic's record value: the fields said to be
@@ -260,7 +268,7 @@ impl Hold {
     /// ([`Hold::skip_unwritten`]), so that a next owner passes over this
     /// owner's numbers as well.
     fn loaded(mut self) -> Self {
-        let blocker_seq = self.blocker.as_ref().and_then(|b| b.seq);
+        let blocker_seq = self.blocker.as_ref().and_then(Blocker::seq);
         self.admitted_seq = self.done_seq.max(blocker_seq.unwrap_or(0));
         self.sent_seq = self.last_seq;
         let last = self.last_seq;

@@ -214,7 +214,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 // Its next run seems lost: the key goes on without it.
                 if let Some(b) = h.blocker.take() {
                     h.gave_up += 1;
-                    if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+                    if let Some(s) = b.seq().filter(|s| *s > h.done_seq) {
                         h.done_seq = s;
                         h.admitted_seq = h.admitted_seq.max(s);
                     }
@@ -340,16 +340,19 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 }
                 // A parked job failing keeps its place: the jobs after it
                 // are let in again only behind its next run.
-                let seq = h
-                    .park_of(job)
-                    .or_else(|| h.blocker.as_ref().filter(|b| b.id == job.id).and_then(|b| b.seq));
+                let seq = h.park_of(job).or_else(|| {
+                    h.blocker
+                        .as_ref()
+                        .filter(|b| b.id == job.id)
+                        .and_then(Blocker::seq)
+                });
                 h.admitted_seq = seq.unwrap_or(h.done_seq).max(h.done_seq);
                 h.blocker = Some(Blocker {
                     id: job.id,
                     attempt,
                     due_ms,
                     cause,
-                    seq,
+                    park: seq.and_then(std::num::NonZeroU64::new),
                     arrived: false,
                 });
                 HoldUpdate::Write(Change::Put(h.clone()))
@@ -368,7 +371,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 }
                 let mut seq = h.park_of(job);
                 if let Some(b) = h.blocker.take_if(|b| b.id == job.id) {
-                    seq = seq.or(b.seq);
+                    seq = seq.or(b.seq());
                     changed = true;
                 }
                 if let Some(s) = seq.filter(|s| *s > h.done_seq && *s <= h.admitted_seq) {
@@ -394,7 +397,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<Change> {
         let h = self.get_mut(partition, key)?;
         let b = h.blocker.take_if(|b| b.id == id)?;
-        if let Some(s) = b.seq.filter(|s| *s > h.done_seq) {
+        if let Some(s) = b.seq().filter(|s| *s > h.done_seq) {
             // Its place counts as done: the jobs after it run.
             h.done_seq = s;
             h.admitted_seq = h.admitted_seq.max(s);

@@ -144,7 +144,7 @@ mod tests {
                 attempt: 3,
                 due_ms: 1_700_000_000_000,
                 cause: Cause::Failed,
-                seq: Some(2),
+                park: std::num::NonZeroU64::new(2),
                 arrived: true,
             }),
             last_seq: 4,
