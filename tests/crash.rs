@@ -814,8 +814,8 @@ async fn a_scheduler_killed_again_and_again_keeps_firing_on_time() {
 }
 
 /// The same under the consumer group protocol (KIP-848), the group's
-/// session 6 s: the broker keeps the instance id for the killed process
-/// until its session expires, so the restarted scheduler is refused it
+/// `consumer.session.timeout.ms` 6,000: the broker keeps the instance id
+/// for the killed process until its session expires, so the restarted scheduler is refused it
 /// (and asks again each second) and takes its partitions back then. Jobs
 /// due meanwhile fire that much later; none is lost or early. Kills come
 /// 8 to 12 s apart, after each take-back.

@@ -13,7 +13,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
 
 use super::keeper::{self, ParkedJob};
-use super::offsets::{finish_in, write_in_background};
+use super::offsets::{claimed, finish_in, write_in_background};
 use super::{Entry, Shared, State, Tp, WorkerError};
 
 use crate::config::OnFailure;
@@ -192,15 +192,6 @@ fn committed<C: ConsumerContext>(
             (*tp, (offset, claim))
         })
         .collect())
-}
-
-/// Add `topic`/`partition` at commit offset `offset` to `tpl`, carrying
-/// `claim` in its metadata.
-pub(super) fn claimed(tpl: &mut TopicPartitionList, topic: &str, partition: i32, offset: i64, claim: u64) {
-    let mut e = tpl.add_partition(topic, partition);
-    // The offset of a partition just added is always settable.
-    let _ = e.set_offset(rdkafka::Offset::Offset(offset));
-    e.set_metadata(claim::metadata(claim));
 }
 
 /// A tombstone for held-topic record key `key`.

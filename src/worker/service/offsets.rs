@@ -8,7 +8,11 @@ use std::sync::Arc;
 
 use tracing::warn;
 
+use rdkafka::TopicPartitionList;
+
 use super::{Shared, State, Stats, Tp};
+
+use crate::worker::hold::claim;
 
 use crate::kafka;
 
@@ -75,4 +79,31 @@ pub(super) fn finish_in(st: &mut State, tp: Tp, offset: i64, generation: Option<
     if let Some(c) = st.tracker.finish(tp, offset) {
         st.to_store.insert(tp, c);
     }
+}
+
+/// Add `tp`'s commit offset `offset` to `tpl`, with its claim when it has
+/// one: every commit of a holdable partition names its owner's claim.
+pub(super) fn offset_to_commit(
+    shared: &Shared,
+    st: &State,
+    tpl: &mut TopicPartitionList,
+    tp: Tp,
+    offset: i64,
+) {
+    let topic = &shared.topics[tp.0];
+    match st.owned.get(&tp).and_then(|o| o.claim) {
+        Some(claim) => claimed(tpl, topic, tp.1, offset, claim),
+        None => {
+            let _ = tpl.add_partition_offset(topic, tp.1, rdkafka::Offset::Offset(offset));
+        }
+    }
+}
+
+/// Add `topic`/`partition` at commit offset `offset` to `tpl`, carrying
+/// `claim` in its metadata.
+pub(super) fn claimed(tpl: &mut TopicPartitionList, topic: &str, partition: i32, offset: i64, claim: u64) {
+    let mut e = tpl.add_partition(topic, partition);
+    // The offset of a partition just added is always settable.
+    let _ = e.set_offset(rdkafka::Offset::Offset(offset));
+    e.set_metadata(claim::metadata(claim));
 }

@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Message, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::drive::start_ready;
 use super::held;
-use super::offsets::write_in_background;
+use super::offsets::{offset_to_commit, write_in_background};
+use super::touch::keep_alive;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 
 use crate::job::Job;
@@ -181,7 +182,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         let (shared, consumer) = (shared.clone(), consumer.clone());
         std::thread::Builder::new()
             .name("kairos-keep-alive".into())
-            .spawn(move || keep_alive(&shared, &consumer))
+            .spawn(move || keep_alive(&shared, &consumer, COMMIT_EVERY))
             .map_err(|e| WorkerError::Fatal(format!("starting the keep-alive thread: {e}")))?
     };
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
@@ -300,61 +301,6 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commi
     }
 }
 
-/// The keep-alive thread: every [`COMMIT_EVERY`] until the worker stops,
-/// [`hear_from_coordinator`]. A thread of its own, since a synchronous
-/// commit waits for the coordinator, and while none answers the poll thread
-/// must go on serving rebalances (a partition lost is let go, its handlers
-/// cancelled, at once).
-fn keep_alive(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
-    while !shared.stop.is_cancelled() {
-        std::thread::sleep(COMMIT_EVERY);
-        hear_from_coordinator(shared, consumer);
-    }
-}
-
-/// When the coordinator's last answer is a sixth of the session old, or
-/// jobs wait for one (see `Shared::in_touch`): commit where the partitions
-/// stand, synchronously (librdkafka reports the outcome of a manual
-/// asynchronous commit to no callback, only its own timer's).
-fn hear_from_coordinator(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
-    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-    let mut tpl = TopicPartitionList::new();
-    {
-        let st = shared.state();
-        let stale = st
-            .heard
-            .is_none_or(|t| t.elapsed() >= shared.cfg.worker.session_timeout / 6);
-        if !(stale || st.out_of_touch && st.buffered() > 0) {
-            return;
-        }
-        for tp in st.owned.keys() {
-            if let Some(c) = st.tracker.commit_point(*tp) {
-                offset_to_commit(shared, &st, &mut tpl, *tp, c);
-            }
-        }
-    }
-    if tpl.count() > 0 {
-        // Stored too, so that librdkafka's own commits never go below.
-        let _ = consumer.store_offsets(&tpl);
-        match consumer.commit(&tpl, CommitMode::Sync) {
-            Ok(()) => shared.heard_from_coordinator(),
-            Err(e) => debug!(error = %e, "offset commit to hear from the group coordinator failed"),
-        }
-    }
-}
-
-/// Add `tp`'s commit offset `offset` to `tpl`, with its claim when it has
-/// one: every commit of a holdable partition names its owner's claim.
-fn offset_to_commit(shared: &Shared, st: &super::State, tpl: &mut TopicPartitionList, tp: Tp, offset: i64) {
-    let topic = &shared.topics[tp.0];
-    match st.owned.get(&tp).and_then(|o| o.claim) {
-        Some(claim) => held::claimed(tpl, topic, tp.1, offset, claim),
-        None => {
-            let _ = tpl.add_partition_offset(topic, tp.1, Offset::Offset(offset));
-        }
-    }
-}
-
 /// How often the worker commits the offsets it stored.
 pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
 
@@ -384,29 +330,32 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
         .filter_map(|m| {
             let tp = shared.tp(m.topic(), m.partition())?;
             let view = RecordView::from_message(m);
-            Some((m, tp, wire::decode(&view, Context::Work, &shared.cfg.limits)))
+            let d = wire::decode(&view, Context::Work, &shared.cfg.limits);
+            Some((m, tp, view, d))
         })
         .collect();
+    let is_job = |d: &Result<Command, _>| matches!(d, Ok(Command::Schedule(_)));
     // Every job of the batch counts as unfinished before any other record
     // of it can finish: a release or a dead letter at a higher offset, done
     // first, would otherwise move the commit point past a job still to run.
-    {
+    // (A batch of jobs only is tracked once, below.)
+    if decoded.iter().any(|(.., d)| !is_job(d)) {
         let mut st = shared.state();
-        for (m, tp, d) in &decoded {
-            if matches!(d, Ok(Command::Schedule(_))) && st.owned.contains_key(tp) {
+        for (m, tp, _, d) in &decoded {
+            if is_job(d) && st.owned.contains_key(tp) {
                 st.tracker.read(*tp, m.offset());
             }
         }
     }
     let mut jobs: Vec<Entry> = Vec::with_capacity(decoded.len());
-    for (m, tp, d) in decoded {
+    for (m, tp, view, d) in decoded {
         let offset = m.offset();
         match d {
             Ok(Command::Schedule(job)) => jobs.push(Entry::new(job, tp, offset)),
             Ok(Command::Release { key, id }) => held::release(shared, tp, offset, key, id),
             // Decoding allows neither on a work topic.
             Ok(Command::Cancel(_) | Command::Reschedule { .. }) => {}
-            Err(e) => dead_letter_record(shared, m, &RecordView::from_message(m), &e, tp),
+            Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
     }
     let now_ms = now.timestamp_millis();

@@ -1,9 +1,15 @@
 //! In touch with the group coordinator: a worker that has not heard from
 //! it for half the session timeout starts no job, since its partitions may
-//! have moved without it knowing yet.
+//! have moved without it knowing yet; a keep-alive thread commits to hear
+//! from it when nothing else has lately.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::TopicPartitionList;
+use tracing::debug;
+
+use super::offsets::offset_to_commit;
 use super::{drive, Shared, State};
 
 impl Shared {
@@ -48,5 +54,48 @@ impl Shared {
             }
         };
         self.dispatch(starts);
+    }
+}
+
+/// The keep-alive thread: every `every` until the worker stops,
+/// [`hear_from_coordinator`]. A thread of its own, since a synchronous
+/// commit waits for the coordinator, and while none answers the poll thread
+/// must go on serving rebalances (a partition lost is let go, its handlers
+/// cancelled, at once).
+pub(super) fn keep_alive<C: ConsumerContext>(shared: &Shared, consumer: &BaseConsumer<C>, every: Duration) {
+    while !shared.stop.is_cancelled() {
+        std::thread::sleep(every);
+        hear_from_coordinator(shared, consumer);
+    }
+}
+
+/// When the coordinator's last answer is a sixth of the session old, or
+/// jobs wait for one (see [`Shared::in_touch`]): commit where the partitions
+/// stand, synchronously (librdkafka reports the outcome of a manual
+/// asynchronous commit to no callback, only its own timer's).
+fn hear_from_coordinator<C: ConsumerContext>(shared: &Shared, consumer: &BaseConsumer<C>) {
+    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut tpl = TopicPartitionList::new();
+    {
+        let st = shared.state();
+        let stale = st
+            .heard
+            .is_none_or(|t| t.elapsed() >= shared.cfg.worker.session_timeout / 6);
+        if !(stale || st.out_of_touch && st.buffered() > 0) {
+            return;
+        }
+        for tp in st.owned.keys() {
+            if let Some(c) = st.tracker.commit_point(*tp) {
+                offset_to_commit(shared, &st, &mut tpl, *tp, c);
+            }
+        }
+    }
+    if tpl.count() > 0 {
+        // Stored too, so that librdkafka's own commits never go below.
+        let _ = consumer.store_offsets(&tpl);
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => shared.heard_from_coordinator(),
+            Err(e) => debug!(error = %e, "offset commit to hear from the group coordinator failed"),
+        }
     }
 }
