@@ -91,7 +91,7 @@ else
   # against the jars; both are left out, and said so.
   echo "left out without Kafka's jars: tests/crash.rs and the tests of the Java client (names with 'java')"
   timeout --kill-after=30s 40m cargo test --lib --bins --locked \
-    --test integration --test fair --test keys --test worker_processes -- --skip java
+    --test integration --test fair --test keys --test worker_processes --test modules -- --skip java
 fi
 timeout --kill-after=30s 10m cargo test --doc --locked
 

@@ -16,10 +16,12 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use crate::config::{GroupProtocol, KafkaConfig, PassThrough};
 use crate::wire::OwnedRecord;
 
+mod lag;
 mod reach;
 mod read;
 mod transient;
 
+pub use lag::{group_lag, partitions_of, watermarks, Watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
 pub use transient::{retry_until, transient};

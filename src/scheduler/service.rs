@@ -29,10 +29,12 @@
 mod apply;
 mod applying;
 mod backlog;
+mod batch;
 mod direct;
 mod dispatch;
 mod draining;
 mod finish;
+mod fire;
 mod firing;
 mod ingest;
 mod metrics;
@@ -49,7 +51,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::Notify;
@@ -177,7 +179,7 @@ impl Shared {
     }
 
     /// Hand the consumer every partition's committable offset that moved.
-    fn store_offsets(&self, consumer: &BaseConsumer<Ctx>) {
+    fn store_offsets<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
         for (p, d) in self.direct().iter_mut() {
             if let Some(offset) = d.offset_to_store() {
                 // librdkafka commits one past the stored offset.

@@ -11,7 +11,8 @@
 //! a handler that computes for long without awaiting holds up the other
 //! handlers of its driver, so CPU-heavy work belongs in `spawn_blocking`.
 //!
-//! Files: [`poll`] (the poll thread and the rebalance callbacks), [`drive`]
+//! Files: [`poll`] (the poll thread and the rebalance callbacks), [`ready`]
+//! (the jobs to start now, and the paced turns as they come), [`drive`]
 //! (the drivers), [`offsets`] (records read and finished), [`touch`] (no
 //! job starts while the group coordinator does not answer). Outcomes are
 //! carried out by [`crate::worker::settle`], the same rules a
@@ -24,6 +25,7 @@ mod metrics;
 mod offsets;
 mod pace;
 mod poll;
+mod ready;
 mod stats;
 mod touch;
 
@@ -51,8 +53,8 @@ use crate::worker::hold::Holds;
 use crate::worker::lock_table::{Keyed, LockTable};
 use crate::worker::offset_tracker::OffsetTracker;
 use crate::worker::settle::{KafkaOutbox, RetryPolicy, Settler};
-use drive::Start;
 use poll::poll_loop;
+use ready::Start;
 
 /// Why the worker could not run.
 #[derive(Debug, thiserror::Error)]
@@ -457,7 +459,7 @@ impl Worker {
             tokio::spawn(keeper::keep(shared.clone(), inbox, halt.clone()));
         }
         if shared.rules.iter().any(Option::is_some) {
-            tokio::spawn(pace::pace(shared.clone()));
+            tokio::spawn(ready::release_turns(shared.clone()));
         }
         let poll_shared = shared.clone();
         let thread = std::thread::Builder::new()

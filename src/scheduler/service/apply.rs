@@ -10,8 +10,8 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::applying::Next;
+use super::batch::{Claim, Named, PartitionBatch, ReadBatch};
 use super::direct;
-use super::ingest::{Claim, ReadBatch};
 use super::persist::persist;
 use super::{SchedulerError, Shared};
 
@@ -20,85 +20,6 @@ use crate::job::JobId;
 use crate::scheduler::store::{Change, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::wire::{self, Command};
-
-/// What one batch of schedule records does to one partition.
-#[derive(Default)]
-pub(super) struct PartitionBatch {
-    pub(super) changes: Vec<Change>,
-    /// Each job id the batch names.
-    pub(super) ids: HashMap<JobId, Named>,
-    /// Highest offset read.
-    pub(super) last_offset: i64,
-    /// Latest creation time (Kafka timestamp) of the records read.
-    pub(super) created_ms: Option<i64>,
-    /// Indexes (in `changes`) of puts of jobs already due.
-    pub(super) due_puts: Vec<usize>,
-    /// Jobs taken out of `changes` to fire straight from memory.
-    pub(super) direct: Vec<StoredJob>,
-    /// The first schedule offset not handled once the batch is persisted
-    /// (none: the batch does not move the store's checkpoint).
-    pub(super) schedule_next: Option<i64>,
-}
-
-impl PartitionBatch {
-    /// Empty, keeping the allocations for the next batch (a batch's worth
-    /// of changes at most: a burst's larger lists are let go).
-    pub(super) fn clear(&mut self, keep: usize) {
-        self.changes.clear();
-        self.changes.shrink_to(keep);
-        self.ids.clear();
-        self.last_offset = 0;
-        self.created_ms = None;
-        self.due_puts.clear();
-        self.direct.clear();
-        self.schedule_next = None;
-    }
-
-    /// Count a record naming `id`.
-    pub(super) fn named(&mut self, id: JobId) -> &mut Named {
-        let n = self.ids.entry(id).or_default();
-        n.mentions += 1;
-        n
-    }
-
-    /// Note where job `id` (already named) stands now.
-    pub(super) fn now_is(&mut self, id: JobId, at: Option<usize>) {
-        self.ids.entry(id).or_default().now = Some(at);
-    }
-
-    /// Whether a change to job `id` comes too late: the job was being
-    /// fired when the batch was read, and the batch has not put it again.
-    pub(super) fn too_late(&self, id: &JobId) -> bool {
-        self.ids
-            .get(id)
-            .is_some_and(|n| matches!(n.claim, Claim::Firing) && n.now.is_none())
-    }
-
-    /// Offsets of direct jobs the batch cancels or replaces: they stop
-    /// holding the commit once the batch is persisted.
-    pub(super) fn released(&self) -> Vec<i64> {
-        self.ids
-            .values()
-            .filter_map(|n| match &n.claim {
-                Claim::Direct(s) => Some(s.seq as i64),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-/// What a batch does to one job id.
-#[derive(Default)]
-pub(super) struct Named {
-    /// How many records of the batch name the id.
-    pub(super) mentions: u32,
-    /// Where the job stands after the batch's changes so far: `None` when
-    /// none changed it (the store knows), `Some(None)` deleted, `Some(Some(i))`
-    /// the put at `changes[i]`.
-    pub(super) now: Option<Option<usize>>,
-    /// Where the job was when the batch was read.
-    pub(super) claim: Claim,
-}
 
 /// Apply the batches read on `lane`, in order, and between them hand the
 /// lane's direct jobs held too long over to the store. After a failure (the

@@ -8,7 +8,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ingest::{ReadBatch, BATCH_BYTES};
+use super::batch::{ReadBatch, BATCH_BYTES};
 
 /// The apply threads' lanes: partition `p` is applied on lane `p % lanes`.
 pub(super) struct Lanes {

@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 
 use super::Shared;
 use crate::hash::HashMap;
-use crate::{kafka, overview};
+use crate::kafka;
 
 /// One fair topic's backlog.
 #[derive(Default)]
@@ -323,7 +323,7 @@ fn read_lag(
         .get(topic)
         .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(30));
     if !fresh {
-        let parts = overview::partitions_of(consumer, topic, timeout)?.unwrap_or_default();
+        let parts = kafka::partitions_of(consumer, topic, timeout)?.unwrap_or_default();
         debug!(topic, partitions = parts.len(), "fair topic partitions");
         partitions.insert(topic.to_string(), (parts, Instant::now()));
     }
@@ -331,8 +331,8 @@ fn read_lag(
     if parts.is_empty() {
         return Ok((0, 0));
     }
-    let ends = overview::watermarks(consumer, topic, parts, timeout)?;
-    let lag = overview::group_lag(consumer, topic, &ends, timeout)?;
+    let ends = kafka::watermarks(consumer, topic, parts, timeout)?;
+    let lag = kafka::group_lag(consumer, topic, &ends, timeout)?;
     Ok((lag, ends.iter().map(|(_, (_, high))| high).sum()))
 }
 

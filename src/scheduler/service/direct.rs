@@ -26,8 +26,7 @@ use std::time::Duration;
 
 use tracing::{debug, info};
 
-use super::apply::{Named, PartitionBatch};
-use super::ingest::Claim;
+use super::batch::{Claim, Named, PartitionBatch};
 use super::persist::persist;
 use super::{SchedulerError, Shared};
 

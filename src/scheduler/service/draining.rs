@@ -14,12 +14,11 @@
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{info, warn};
 
-use super::rebalance::Ctx;
 use super::Shared;
 
 use crate::hash::HashSet;
@@ -61,7 +60,11 @@ impl Draining {
     /// Let `parts` go now, counted as a revocation: [`Draining::start`]
     /// then [`Draining::finish`] (a rebalance's revocation, or a consumer
     /// fenced out of its group).
-    pub(super) fn revoke(shared: &Arc<Shared>, parts: Vec<i32>, consumer: &BaseConsumer<Ctx>) {
+    pub(super) fn revoke<C: ConsumerContext>(
+        shared: &Arc<Shared>,
+        parts: Vec<i32>,
+        consumer: &BaseConsumer<C>,
+    ) {
         shared
             .stats
             .revoked
@@ -96,7 +99,7 @@ impl Draining {
     /// let the partitions go; store and commit their offsets. Whatever
     /// outlived the deadline is logged; its records are read again by the
     /// next owner.
-    pub(super) fn finish(self, consumer: &BaseConsumer<Ctx>) {
+    pub(super) fn finish<C: ConsumerContext>(self, consumer: &BaseConsumer<C>) {
         let (shared, parts) = (&self.shared, &self.parts);
         if !shared.firing.wait_idle(parts, self.deadline) {
             warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::dispatch::{FireBatch, FireWrites};
+use super::fire::{FireBatch, FireWrites};
 use super::persist::owned_or_log;
 use super::{blocking_store, direct, Shared};
 

@@ -25,29 +25,14 @@ use rdkafka::Message;
 use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
+use super::batch::{id_of, Claimed, ReadBatch, Record, BATCH_BYTES};
 use super::{fair_status, stats, Ctx, SchedulerError, Shared};
 
 use super::direct::DirectOffsets;
 use crate::hash::HashMap;
-use crate::job::JobId;
-use crate::scheduler::stored::StoredJob;
 use crate::scheduler::timer_wheel::TimerWheel;
-use crate::wire::{Command, Context, DeadLetter, OwnedRecord, RecordView};
+use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
-
-/// Where a job named by an ingest batch was when the batch was read.
-#[derive(Default)]
-pub(super) enum Claim {
-    /// Not in memory, or a stored job in the window: held there (not fired)
-    /// until the batch is applied.
-    #[default]
-    Held,
-    /// Being fired: a cancel or reschedule comes too late (a put is a new
-    /// job, such as a worker's retry of it).
-    Firing,
-    /// A direct job (not stored), taken out of the window by the batch.
-    Direct(Box<StoredJob>),
-}
 
 /// A consumer error is logged; a fatal one (librdkafka gave up on the
 /// client) ends the read loop.
@@ -290,10 +275,6 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
     Ok(())
 }
 
-/// Most bytes of records (keys and payloads) in one read batch, whatever
-/// `ingest_batch` allows; twice that may wait for each apply thread.
-pub(super) const BATCH_BYTES: usize = 16 << 20;
-
 fn record_bytes(m: &BorrowedMessage<'_>) -> usize {
     m.payload_len() + m.key_len()
 }
@@ -341,69 +322,6 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
         let f = fair_status(shared);
         info!(backlog = ?f.backlog, target = ?f.target, released = ?f.released, buffered = f.buffered,
             tenants_waiting = ?f.tenants_waiting, "fair dispatch status");
-    }
-}
-
-/// A batch of schedule records, read and decoded, on its way to be applied.
-#[derive(Default)]
-pub(super) struct ReadBatch {
-    /// The records that name a job, in the order read.
-    pub(super) records: Vec<Record>,
-    /// Per partition, the last offset read.
-    pub(super) last: HashMap<i32, i64>,
-    /// Dead letters for the records that broke the contract.
-    pub(super) dead: Vec<OwnedRecord>,
-    /// The jobs the records name, and how each stood when the batch was read.
-    pub(super) named: HashMap<(i32, JobId), Claimed>,
-    /// Records read, skipped ones included.
-    pub(super) read: u64,
-    /// Bytes of the records read (keys and payloads).
-    pub(super) bytes: usize,
-}
-
-/// How a job named by a batch stood when the batch was read.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Claimed {
-    /// Being fired: a cancel or reschedule of it comes too late.
-    pub(super) firing: bool,
-    /// How many times the job was marked as changing in the window (once
-    /// per batch merged in that found it not being fired).
-    pub(super) marks: u32,
-}
-
-impl ReadBatch {
-    /// Append `later`, read after this one.
-    pub(super) fn merge(&mut self, later: ReadBatch) {
-        self.records.extend(later.records);
-        for (p, last) in later.last {
-            let l = self.last.entry(p).or_insert(last);
-            *l = (*l).max(last);
-        }
-        self.dead.extend(later.dead);
-        for (k, c) in later.named {
-            let e = self.named.entry(k).or_insert(Claimed {
-                firing: c.firing,
-                marks: 0,
-            });
-            e.marks += c.marks;
-        }
-        self.read += later.read;
-        self.bytes += later.bytes;
-    }
-}
-
-/// One decoded schedule record.
-pub(super) struct Record {
-    pub(super) partition: i32,
-    pub(super) offset: i64,
-    pub(super) command: Command,
-}
-
-/// The job id a schedule record names.
-pub(super) fn id_of(c: &Command) -> JobId {
-    match c {
-        Command::Schedule(job) => job.id,
-        Command::Cancel(id) | Command::Reschedule { id, .. } | Command::Release { id, .. } => *id,
     }
 }
 

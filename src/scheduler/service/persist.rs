@@ -3,7 +3,7 @@
 
 use tracing::warn;
 
-use super::apply::PartitionBatch;
+use super::batch::PartitionBatch;
 use super::{SchedulerError, Shared};
 
 use crate::hash::HashMap;

@@ -12,17 +12,11 @@ use tracing::{warn, Instrument};
 use super::held;
 use super::offsets::finish_in;
 use super::pace;
-use super::{Entry, Shared, State, Tp};
+use super::ready::{start_ready, Start};
+use super::{Entry, Shared, Tp};
 
 use crate::worker::handler::{run_caught, JobContext};
 use crate::worker::settle::{Origin, Settled};
-
-/// A job taken from the lock table to run.
-pub(super) struct Start {
-    pub(super) entry: Entry,
-    pub(super) cancel: CancellationToken,
-    pub(super) generation: u64,
-}
 
 /// A job whose handler run is over.
 pub(super) struct Finished {
@@ -50,47 +44,6 @@ impl Finished {
             no_slot: false,
         }
     }
-}
-
-/// Take as many ready jobs as free slots allow (paced jobs whose turn came
-/// first); the caller runs them.
-pub(super) fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
-    let mut starts = Vec::new();
-    if !shared.in_touch(st) {
-        return starts;
-    }
-    let now_ms = shared.clock.now().timestamp_millis();
-    while st.running() < shared.concurrency {
-        let Some(entry) = st.paced.due.pop_front().or_else(|| st.table.next_ready()) else {
-            break;
-        };
-        if !st.owned.contains_key(&entry.tp) {
-            // Partition gone since the job was buffered: forget it.
-            let key = entry.job.key.clone();
-            st.table.complete(&key);
-            continue;
-        }
-        // On a paced topic, a job whose turn is ahead waits for it.
-        let Some(entry) = pace::gate(shared, st, entry, now_ms) else {
-            continue;
-        };
-        let Some(owned) = st.owned.get(&entry.tp) else {
-            continue;
-        };
-        if entry.instead.is_some() {
-            // Settled without its handler (a write or two): no slot taken.
-            st.no_slot += 1;
-        }
-        let cancel = owned.cancel.clone();
-        let generation = owned.generation;
-        *st.in_flight.entry(entry.tp).or_insert(0) += 1;
-        starts.push(Start {
-            entry,
-            cancel,
-            generation,
-        });
-    }
-    starts
 }
 
 /// A driver: runs the handlers of the jobs it is given, settles finished

@@ -8,10 +8,7 @@
 //! behind it; other keys run.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
-use std::time::Duration;
 
-use super::drive::start_ready;
 use super::{Entry, Shared, State, Tp};
 
 use crate::worker::hold::Cause;
@@ -34,6 +31,24 @@ impl Paced {
     /// Jobs held here (their keys count as running in the lock table).
     pub(super) fn holding(&self) -> usize {
         self.waiting.len() + self.due.len()
+    }
+
+    /// When the earliest waiting job's turn comes, in ms.
+    pub(super) fn next_turn(&self) -> Option<i64> {
+        self.waiting.keys().next().map(|(t, _)| *t)
+    }
+
+    /// Move the jobs whose turn has come by `now_ms` to [`Paced::due`];
+    /// whether any job is due.
+    pub(super) fn turns_come(&mut self, now_ms: i64) -> bool {
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let e = entry.remove();
+            self.due.push_back(e);
+        }
+        !self.due.is_empty()
     }
 
     /// Drop the jobs of a partition let go; the caller unlocks their keys.
@@ -117,36 +132,4 @@ pub(super) fn pause(shared: &Shared, tp: Tp, limiter: &[u8], until_ms: i64) {
         .paced
         .pacer
         .pause(&(tp.0, Box::from(limiter)), &rule, until_ms);
-}
-
-/// The task that starts paced jobs when their turn comes.
-pub(super) async fn pace(shared: Arc<Shared>) {
-    loop {
-        let next = shared.state().paced.waiting.keys().next().map(|(t, _)| *t);
-        let now_ms = shared.clock.now().timestamp_millis();
-        let sleep = next.map_or(Duration::from_secs(1), |t| {
-            Duration::from_millis(t.saturating_sub(now_ms).max(0) as u64)
-        });
-        tokio::select! {
-            _ = tokio::time::sleep(sleep) => {}
-            _ = shared.pace_wake.notified() => {}
-            _ = shared.stop.cancelled() => return,
-        }
-        let starts = {
-            let mut st = shared.state();
-            let now_ms = shared.clock.now().timestamp_millis();
-            while let Some(entry) = st.paced.waiting.first_entry() {
-                if entry.key().0 > now_ms {
-                    break;
-                }
-                let e = entry.remove();
-                st.paced.due.push_back(e);
-            }
-            if st.paced.due.is_empty() {
-                continue;
-            }
-            start_ready(&shared, &mut st)
-        };
-        shared.dispatch(starts);
-    }
 }

@@ -11,9 +11,9 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
 use tracing::{debug, info, warn};
 
-use super::drive::start_ready;
 use super::held;
 use super::offsets::{offset_to_commit, write_in_background};
+use super::ready::start_ready;
 use super::touch::keep_alive;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 

@@ -10,7 +10,7 @@ use rdkafka::TopicPartitionList;
 use tracing::debug;
 
 use super::offsets::offset_to_commit;
-use super::{drive, Shared, State};
+use super::{ready, Shared, State};
 
 impl Shared {
     /// Whether jobs may start: the group coordinator answered within half
@@ -48,7 +48,7 @@ impl Shared {
             st.heard = Some(Instant::now());
             if std::mem::take(&mut st.out_of_touch) {
                 tracing::info!("the group coordinator answered again: starting jobs");
-                drive::start_ready(self, &mut st)
+                ready::start_ready(self, &mut st)
             } else {
                 Vec::new()
             }
