@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Lock;
 use chrono::{DateTime, Utc};
 
 /// A source of the current time. Everything in Kairos that decides "is it due
@@ -38,19 +39,19 @@ impl ManualClock {
 
     /// Move the clock to `t`.
     pub fn set(&self, t: DateTime<Utc>) {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner()) = t;
+        *self.now.locked() = t;
     }
 
     /// Move the clock forward by `d`.
     pub fn advance(&self, d: chrono::Duration) {
-        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = self.now.locked();
         *now += d;
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner())
+        *self.now.locked()
     }
 }
 

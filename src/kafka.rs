@@ -21,6 +21,7 @@ mod reach;
 mod read;
 mod transient;
 
+use crate::sync::Lock;
 pub use lag::{group_lag, partitions_of, watermarks, Watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
@@ -356,7 +357,7 @@ impl TopicCheck {
         })
         .await?;
         if exists {
-            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            let mut known = self.known.locked();
             known.insert(topic.to_string(), std::time::Instant::now());
         }
         Ok(exists)
@@ -365,7 +366,7 @@ impl TopicCheck {
 
 impl TopicCheck {
     fn known_now(&self, topic: &str) -> bool {
-        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let known = self.known.locked();
         known.get(topic).is_some_and(|t| t.elapsed() < Self::TRUST)
     }
 }

@@ -48,6 +48,7 @@ pub mod keys;
 pub mod overview;
 pub mod producer;
 pub mod scheduler;
+mod sync;
 pub mod topics;
 pub mod wire;
 pub mod worker;

@@ -14,6 +14,7 @@ use rdkafka::producer::{Producer as _, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::KafkaConfig;
+use crate::sync::Lock;
 
 /// The cluster did not answer.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +36,7 @@ struct Watch {
 
 impl Watch {
     fn note(&self, what: String) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(what);
+        *self.last.locked() = Some(what);
     }
 }
 
@@ -50,7 +51,7 @@ impl ClientContext for Watch {
     fn error(&self, error: KafkaError, reason: &str) {
         // "All brokers down" follows the failure that says why: keep that.
         let summary = error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown);
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last.locked();
         if !summary || last.is_none() {
             *last = Some(reason.to_string());
         }
@@ -104,7 +105,7 @@ pub fn reach(cfg: &KafkaConfig, timeout: Duration) -> Result<(), Unreachable> {
         Ok(md) if !md.brokers().is_empty() => Ok(()),
         Ok(_) => Err(unreachable("the cluster answered with no brokers".into())),
         Err(e) => {
-            let seen = last.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let seen = last.locked().take();
             Err(unreachable(
                 seen.unwrap_or_else(|| format!("no answer within {timeout:?} ({e})")),
             ))

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
+use crate::sync::Lock;
 
 /// What a refill did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub struct Refilled {
 /// Bring the window of every partition up to `now_ms` plus its span (or its
 /// cascade point), reading the store with the window unlocked.
 pub fn refill(wheel: &Mutex<TimerWheel>, store: &Store, now_ms: i64) -> Result<Refilled, StoreError> {
-    let lock = || wheel.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = || wheel.locked();
     let (parts, span_ms) = {
         let w = lock();
         (w.partitions(), w.span_ms())

@@ -66,6 +66,7 @@ use crate::scheduler::caught_up::CaughtUp;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
+use crate::sync::Lock;
 use direct::DirectOffsets;
 use dispatch::dispatch_loop;
 use firing::Firing;
@@ -158,24 +159,21 @@ struct Shared {
 impl Shared {
     fn fail(&self, what: String) {
         error!(error = %what, "scheduler stopping");
-        self.fatal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(what);
+        self.fatal.locked().get_or_insert(what);
         self.stop.cancel();
         self.wake.notify_one();
     }
 
     fn wheel(&self) -> std::sync::MutexGuard<'_, TimerWheel> {
-        self.wheel.lock().unwrap_or_else(|e| e.into_inner())
+        self.wheel.locked()
     }
 
     fn direct(&self) -> std::sync::MutexGuard<'_, HashMap<i32, DirectOffsets>> {
-        self.direct.lock().unwrap_or_else(|e| e.into_inner())
+        self.direct.locked()
     }
 
     fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
-        self.caught_up.lock().unwrap_or_else(|e| e.into_inner())
+        self.caught_up.locked()
     }
 
     /// Hand the consumer every partition's committable offset that moved.
@@ -374,8 +372,7 @@ impl Scheduler {
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         let inbox = shared
             .probe_inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .take()
             .ok_or_else(|| SchedulerError::Fatal("scheduler already ran".into()))?;
         let probe_shared = shared.clone();
@@ -453,7 +450,7 @@ impl Scheduler {
         if let Some(admin) = admin {
             let _ = admin.await;
         }
-        if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(e) = shared.fatal.locked().take() {
             return Err(SchedulerError::Fatal(e));
         }
         info!(stats = ?stats(&shared), "scheduler stopped");

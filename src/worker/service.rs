@@ -48,6 +48,7 @@ use crate::hash::HashMap;
 use crate::job::Job;
 use crate::kafka;
 use crate::producer::Producer;
+use crate::sync::{Lock, Wait};
 use crate::worker::handler::{Backoff, Handler, Outcome};
 use crate::worker::hold::Holds;
 use crate::worker::lock_table::{Keyed, LockTable};
@@ -222,25 +223,18 @@ impl Shared {
     /// Stop the worker for `what`, which `run_until` returns.
     fn fail(&self, what: String) {
         tracing::error!(error = %what, "worker stopping");
-        self.fatal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(what);
+        self.fatal.locked().get_or_insert(what);
         self.stop.cancel();
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Wait until a handler finishes, or `timeout`.
     fn wait_finished<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        let st = self
-            .finished
-            .wait_timeout(st, timeout)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
+        let st = self.finished.waiting_at_most(st, timeout);
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         st
     }
@@ -441,7 +435,7 @@ impl Worker {
     /// the revocation deadline), offsets are committed and the group is left.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let shared = self.shared;
-        let inboxes = std::mem::take(&mut *shared.driver_inboxes.lock().unwrap_or_else(|e| e.into_inner()));
+        let inboxes = std::mem::take(&mut *shared.driver_inboxes.locked());
         if inboxes.is_empty() {
             return Err(WorkerError::Fatal("the worker already ran".into()));
         }
@@ -484,7 +478,7 @@ impl Worker {
         }
         let result = result?;
         info!(stats = ?stats(&shared), "worker stopped");
-        if let Some(e) = shared.fatal.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(e) = shared.fatal.locked().take() {
             return Err(WorkerError::Fatal(e));
         }
         result

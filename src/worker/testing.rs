@@ -38,6 +38,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::{Config, Limits};
 use crate::job::Job;
 use crate::producer::ProduceError;
+use crate::sync::Lock;
 use crate::wire::{self, DeadLetter};
 use crate::worker::handler::{run_caught, Backoff, Handler, JobContext, Outcome};
 use crate::worker::settle::{Origin, Outbox, RetryPolicy, Settled, Settler, Write};
@@ -117,7 +118,7 @@ impl TestWorker {
     /// Only these work topics exist: a job written to another is refused
     /// for good, as Kafka would (by default every topic exists).
     pub fn with_topics<S: Into<String>>(self, topics: impl IntoIterator<Item = S>) -> Self {
-        *lock(&self.outbox.topics) = Some(topics.into_iter().map(Into::into).collect());
+        *self.outbox.topics.locked() = Some(topics.into_iter().map(Into::into).collect());
         self
     }
 
@@ -134,7 +135,7 @@ impl TestWorker {
 
     /// Everything written so far, in order.
     pub fn written(&self) -> Vec<Written> {
-        lock(&self.outbox.written).clone()
+        self.outbox.written.locked().clone()
     }
 
     /// Run one attempt of `job` and carry out its outcome. A job due later
@@ -193,10 +194,6 @@ impl TestWorker {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Keeps writes in memory; refuses what a real producer would refuse.
 struct MemoryOutbox {
     limits: Limits,
@@ -225,13 +222,15 @@ impl Outbox for MemoryOutbox {
             })
         } else if let Err(reason) = wire::check(&job, &self.limits) {
             Err(ProduceError::InvalidJob { id: job.id, reason })
-        } else if lock(&self.topics)
+        } else if self
+            .topics
+            .locked()
             .as_ref()
             .is_some_and(|t| !t.contains(&job.topic))
         {
             Err(ProduceError::UnknownTopic { topic: job.topic })
         } else {
-            lock(&self.written).push(Written::Job(job));
+            self.written.locked().push(Written::Job(job));
             Ok(())
         };
         Box::pin(async move { result })
@@ -241,7 +240,7 @@ impl Outbox for MemoryOutbox {
         let result = if self.fails() {
             Err("dead-letter write timed out".to_string())
         } else {
-            lock(&self.written).push(Written::DeadLetter { job, dead });
+            self.written.locked().push(Written::DeadLetter { job, dead });
             Ok(())
         };
         Box::pin(async move { result })

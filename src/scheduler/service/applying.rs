@@ -9,6 +9,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::batch::{ReadBatch, BATCH_BYTES};
+use crate::sync::{Lock, Wait};
 
 /// The apply threads' lanes: partition `p` is applied on lane `p % lanes`.
 pub(super) struct Lanes {
@@ -92,7 +93,7 @@ pub(super) struct Queue {
 
 impl Applying {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Hand `batch` to the apply thread, merged with what waits; first wait
@@ -101,7 +102,7 @@ impl Applying {
         let mut q = self.lock();
         let full = |w: &ReadBatch| w.records.len() >= most || w.bytes >= 2 * BATCH_BYTES;
         while q.waiting.as_ref().is_some_and(full) && !q.closed {
-            q = self.changed.wait(q).unwrap_or_else(|e| e.into_inner());
+            q = self.changed.waiting(q);
         }
         match &mut q.waiting {
             Some(w) => w.merge(batch),
@@ -129,11 +130,7 @@ impl Applying {
             if left.is_zero() {
                 return Next::Idle;
             }
-            q = self
-                .changed
-                .wait_timeout(q, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            q = self.changed.waiting_at_most(q, left);
         }
     }
 
@@ -151,11 +148,7 @@ impl Applying {
             if left.is_zero() {
                 return false;
             }
-            q = self
-                .changed
-                .wait_timeout(q, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            q = self.changed.waiting_at_most(q, left);
         }
         true
     }

@@ -31,6 +31,7 @@ use tracing::{debug, warn};
 use super::Shared;
 use crate::hash::HashMap;
 use crate::kafka;
+use crate::sync::Lock;
 
 /// One fair topic's backlog.
 #[derive(Default)]
@@ -200,7 +201,7 @@ impl Backlog {
 
 impl Topic {
     fn backlog(&self) -> Option<i64> {
-        let read = *self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let read = *self.read.locked();
         read.map(|(lag, released_then)| {
             let since = self
                 .released
@@ -282,7 +283,7 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
             let released_then = t.released.load(Ordering::Relaxed);
             match read_lag(&consumer, name, &mut partitions, timeout) {
                 Ok((lag, ends)) => {
-                    *t.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((lag, released_then));
+                    *t.read.locked() = Some((lag, released_then));
                     let pace = paces.entry(name).or_default();
                     let heard = pace.last() != Some(ends - lag);
                     t.pace

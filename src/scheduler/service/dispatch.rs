@@ -20,6 +20,7 @@ use crate::scheduler::store::DueKey;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::stored::StoredJob;
 use crate::scheduler::timer_wheel::{Due, TimerWheel};
+use crate::sync::Lock;
 
 pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
@@ -161,7 +162,7 @@ impl Round {
         until: &HashMap<i32, i64>,
         allowance: &HashMap<String, usize>,
     ) -> Result<Round, StoreError> {
-        let lock = || wheel.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = || wheel.locked();
         let now_ms = clock.now().timestamp_millis();
         let mut behind_cascade = if lock().refill_due_ms().is_some_and(|t| t <= now_ms) {
             refill(wheel, store, now_ms)?.behind_cascade

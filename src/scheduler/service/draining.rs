@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::Shared;
 
 use crate::hash::HashSet;
+use crate::sync::ReadWrite;
 
 /// The partitions this instance owns, for store writers: a writer holds
 /// [`Owned::read`] across its store write and leaves out partitions not
@@ -32,12 +33,12 @@ pub(super) struct Owned(RwLock<HashSet<i32>>);
 impl Owned {
     /// `parts` were assigned (before their catch-up).
     pub(super) fn assign(&self, parts: &[i32]) {
-        self.0.write().unwrap_or_else(|e| e.into_inner()).extend(parts);
+        self.0.writing().extend(parts);
     }
 
     /// `parts` are let go; returns once no store write holds them.
     fn revoke(&self, parts: &[i32]) {
-        let mut owned = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut owned = self.0.writing();
         for p in parts {
             owned.remove(p);
         }
@@ -45,7 +46,7 @@ impl Owned {
 
     /// The owned partitions, held for the length of a store write.
     pub(super) fn read(&self) -> RwLockReadGuard<'_, HashSet<i32>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        self.0.reading()
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::hash::{HashMap, HashSet};
+use crate::sync::{Lock, Wait};
 
 /// Fire batches handed to librdkafka and not yet finished, per partition.
 #[derive(Default)]
@@ -53,14 +54,12 @@ impl Firing {
             }
             b = self
                 .finished
-                .wait_timeout(b, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+                .waiting_at_most(b, left.min(Duration::from_millis(100)));
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, usize>> {
-        self.batches.lock().unwrap_or_else(|e| e.into_inner())
+        self.batches.locked()
     }
 }
 

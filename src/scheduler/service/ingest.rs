@@ -31,6 +31,7 @@ use super::{fair_status, stats, Ctx, SchedulerError, Shared};
 use super::direct::DirectOffsets;
 use crate::hash::HashMap;
 use crate::scheduler::timer_wheel::TimerWheel;
+use crate::sync::Lock;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
@@ -298,24 +299,14 @@ fn measure_lag(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
             }
         }
     }
-    *shared
-        .stats
-        .schedule_lag
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = lag;
+    *shared.stats.schedule_lag.locked() = lag;
 }
 
 fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
     let st = stats(shared);
     let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
     measure_lag(shared, consumer);
-    let lag: i64 = shared
-        .stats
-        .schedule_lag
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .sum();
+    let lag: i64 = shared.stats.schedule_lag.locked().values().sum();
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
         fired = st.fired, skipped = st.skipped, dead_lettered = st.dead_lettered, lag, "scheduler status");
     if !shared.cfg.fair.topics.is_empty() {

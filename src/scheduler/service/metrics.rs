@@ -7,6 +7,7 @@ use serde_json::json;
 use super::{fair_status, stats, FairStatus, SchedulerHandle};
 use crate::admin::{Metrics, Page, Source};
 use crate::job::JobId;
+use crate::sync::Lock;
 
 /// The spans pending jobs are counted in by when they come due: already due
 /// (`now`), within a minute, an hour, a day, `later` (the keys of `/status`
@@ -173,8 +174,7 @@ impl Source for SchedulerHandle {
             self.shared
                 .stats
                 .schedule_lag
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .iter()
                 .map(|(p, n)| (p.to_string(), *n)),
         )

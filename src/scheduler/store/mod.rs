@@ -68,6 +68,7 @@ use crate::job::JobId;
 use crate::clock::SharedClock;
 use crate::hash::{HashMap, HashSet};
 use crate::scheduler::stored::{CorruptJob, StoredJob};
+use crate::sync::Lock;
 use batch::{View, Writer};
 pub use checkpoint::Checkpoint;
 use chunk::{inline_header, load_jobs, remove_chunk};
@@ -249,9 +250,7 @@ impl Store {
 
     /// The write lock of `partition`.
     fn lock(&self, partition: i32) -> std::sync::MutexGuard<'_, ()> {
-        self.write[lock_index(partition)]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.write[lock_index(partition)].locked()
     }
 
     /// Apply `changes` to `partition` as one atomic batch, optionally
@@ -284,10 +283,7 @@ impl Store {
         let mut locks: Vec<usize> = parts.iter().map(|w| lock_index(w.partition)).collect();
         locks.sort_unstable();
         locks.dedup();
-        let _guards: Vec<_> = locks
-            .into_iter()
-            .map(|i| self.write[i].lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        let _guards: Vec<_> = locks.into_iter().map(|i| self.write[i].locked()).collect();
         let mut lb = self.log.begin();
         let mut batch = sled::Batch::default();
         let mut applied = Vec::new();

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use crate::hash::{HashMap, HashSet};
 use crate::scheduler::stored::CorruptJob;
+use crate::sync::{Lock, ReadWrite};
 
 /// A head segment is sealed once it holds this many bytes.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
@@ -204,7 +205,7 @@ impl ValueLog {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     fn path(&self, id: u32) -> PathBuf {
@@ -221,10 +222,7 @@ impl ValueLog {
             .create_new(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        self.files
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(f));
+        self.files.writing().insert(id, Arc::new(f));
         if st.live.get(&st.head).is_none_or(|n| *n == 0) && st.written.contains_key(&st.head) {
             st.dead.push(st.head);
         }
@@ -236,8 +234,7 @@ impl ValueLog {
 
     fn file(&self, id: u32) -> Result<Arc<File>, CorruptJob> {
         self.files
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .reading()
             .get(&id)
             .cloned()
             .ok_or(CorruptJob("value segment missing"))
@@ -266,14 +263,14 @@ impl ValueLog {
     /// Keep segments from being deleted while the guard lives.
     pub fn pin(&self) -> Pin<'_> {
         Pin {
-            _guard: self.pins.read().unwrap_or_else(|e| e.into_inner()),
+            _guard: self.pins.reading(),
         }
     }
 
     /// Fsync every segment written since the last sync. Returns the dead
     /// segments to delete once sled's flush that follows has succeeded.
     pub fn sync(&self) -> Result<Vec<u32>, LogError> {
-        let mut failed = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = self.syncing.locked();
         if let Some((path, why)) = &*failed {
             return Err(LogError::Io {
                 path: path.clone(),
@@ -303,7 +300,7 @@ impl ValueLog {
         if dead.is_empty() {
             return Ok(());
         }
-        let _no_readers = self.pins.write().unwrap_or_else(|e| e.into_inner());
+        let _no_readers = self.pins.writing();
         let mut st = self.lock();
         for id in dead {
             // Never true for a segment on the dead list (a sealed segment
@@ -312,7 +309,7 @@ impl ValueLog {
             if st.live.get(&id).is_some_and(|n| *n > 0) || id == st.head {
                 continue;
             }
-            self.files.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            self.files.writing().remove(&id);
             st.written.remove(&id);
             let path = self.path(id);
             std::fs::remove_file(&path).map_err(io_err(&path))?;

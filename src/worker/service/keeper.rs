@@ -20,6 +20,7 @@ use super::{Shared, Tp};
 use crate::hash::HashSet;
 use crate::job::Job;
 use crate::kafka;
+use crate::sync::Lock;
 use crate::wire::{self, OwnedRecord};
 use crate::worker::hold::{record, Change, Skip};
 use crate::worker::service::offsets::finish_in;
@@ -77,7 +78,7 @@ impl Keeper {
 
     /// The keeper's inbox, taken once when the worker runs.
     pub(super) fn take_inbox(&self) -> Option<mpsc::UnboundedReceiver<Request>> {
-        self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.rx.locked().take()
     }
 
     /// Park `jobs` (their partitions' in-flight counts already include

@@ -18,6 +18,7 @@ use super::touch::keep_alive;
 use super::{Entry, Owned, Shared, Tp, WorkerError};
 
 use crate::job::Job;
+use crate::sync::Lock;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
@@ -133,7 +134,7 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp])
     // The commit lock before the state lock, as the keep-alive thread takes
     // them: no keep-alive commit read before this one lands after it.
     drop(st);
-    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _committing = shared.commit_lock.locked();
     let mut st = shared.state();
     let mut tpl = TopicPartitionList::new();
     for tp in tps {

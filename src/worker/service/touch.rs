@@ -11,6 +11,7 @@ use tracing::debug;
 
 use super::offsets::offset_to_commit;
 use super::{ready, Shared, State};
+use crate::sync::Lock;
 
 impl Shared {
     /// Whether jobs may start: the group coordinator answered within half
@@ -74,7 +75,7 @@ pub(super) fn keep_alive<C: ConsumerContext>(shared: &Shared, consumer: &BaseCon
 /// stand, synchronously (librdkafka reports the outcome of a manual
 /// asynchronous commit to no callback, only its own timer's).
 fn hear_from_coordinator<C: ConsumerContext>(shared: &Shared, consumer: &BaseConsumer<C>) {
-    let _committing = shared.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _committing = shared.commit_lock.locked();
     let mut tpl = TopicPartitionList::new();
     {
         let st = shared.state();
