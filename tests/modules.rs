@@ -126,7 +126,8 @@ fn the_check_finds_a_cycle_and_ignores_ancestors() {
     assert_eq!(cycles(&modules, &edges), vec![vec![m("a::b"), m("a::c"), m("d")]]);
 }
 
-/// Every `.rs` file under `src/` by its module path, the binary's left out.
+/// Every `.rs` file under `src/` by its module path, the binary's
+/// (`main.rs` and the modules it declares) left out.
 fn library_files(src: &Path) -> BTreeMap<ModPath, PathBuf> {
     let mut out = BTreeMap::new();
     let mut stack = vec![src.to_path_buf()];
@@ -153,10 +154,22 @@ fn library_files(src: &Path) -> BTreeMap<ModPath, PathBuf> {
                 }
                 _ => {}
             }
+            if module.len() == 1 && binary_modules(src).contains(&module[0]) {
+                continue;
+            }
             out.insert(module, path);
         }
     }
     out
+}
+
+/// The modules `src/main.rs` declares: the binary's, not the library's.
+fn binary_modules(src: &Path) -> Vec<String> {
+    let main = std::fs::read_to_string(src.join("main.rs")).unwrap_or_default();
+    main.lines()
+        .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
 }
 
 fn file_of(files: &BTreeMap<ModPath, PathBuf>, module: &ModPath) -> String {
