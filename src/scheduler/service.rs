@@ -142,8 +142,6 @@ struct Shared {
     caught_up: Mutex<CaughtUp>,
     /// Asks the probe thread to look up partition ends.
     probe: SyncSender<()>,
-    /// The probe thread's end of `probe`, taken by `run`.
-    probe_inbox: Mutex<Option<Receiver<()>>>,
     /// Batches of schedule records read and not yet applied, per apply lane.
     applying: applying::Lanes,
     /// The partitions store writes may touch (not those let go).
@@ -214,6 +212,8 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     /// The admin endpoint, bound, served once the scheduler runs.
     admin: Option<crate::admin::Admin>,
+    /// The probe thread's end of `Shared::probe`.
+    probe_inbox: Receiver<()>,
 }
 
 /// Builds a [`Scheduler`].
@@ -274,6 +274,7 @@ impl Scheduler {
         let admin = crate::admin::Admin::bind(&s.admin)?;
         Ok(Scheduler {
             admin,
+            probe_inbox,
             shared: Arc::new(Shared {
                 cfg: cfg.clone(),
                 instance_id,
@@ -292,7 +293,6 @@ impl Scheduler {
                 topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
                 caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
                 probe,
-                probe_inbox: Mutex::new(Some(probe_inbox)),
                 fire_unread: std::sync::atomic::AtomicBool::new(false),
                 backlog: backlog::Backlog::new(&cfg.fair.topics),
                 applying: applying::Lanes::new(s.apply_threads),
@@ -370,11 +370,7 @@ impl Scheduler {
                 }
             })
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
-        let inbox = shared
-            .probe_inbox
-            .locked()
-            .take()
-            .ok_or_else(|| SchedulerError::Fatal("scheduler already ran".into()))?;
+        let inbox = self.probe_inbox;
         let probe_shared = shared.clone();
         let prober = std::thread::Builder::new()
             .name("kairos-probe".into())

@@ -193,8 +193,6 @@ struct Shared {
     settler: Settler,
     /// Where the poll thread sends jobs to start, one channel per driver.
     drivers: Vec<tokio::sync::mpsc::UnboundedSender<Vec<Start>>>,
-    /// The drivers' ends of those channels, taken when the worker runs.
-    driver_inboxes: Mutex<Vec<tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>>>,
     /// Round-robin over the drivers.
     next_driver: std::sync::atomic::AtomicUsize,
     /// Whether a thread waits on `finished` (saves a wake-up syscall per
@@ -297,6 +295,10 @@ pub struct Worker {
     shared: Arc<Shared>,
     /// The admin endpoint, bound, served once the worker runs.
     admin: Option<crate::admin::Admin>,
+    /// The drivers' ends of `Shared::drivers`, one each.
+    driver_inboxes: Vec<tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>>,
+    /// The keeper task's end of `Shared::keeper`.
+    keeper_inbox: tokio::sync::mpsc::UnboundedReceiver<keeper::Request>,
 }
 
 impl Worker {
@@ -354,8 +356,11 @@ impl WorkerBuilder {
         let (drivers, driver_inboxes) = (0..runtime.metrics().num_workers().max(1))
             .map(|_| tokio::sync::mpsc::unbounded_channel())
             .unzip();
+        let (keeper, keeper_inbox) = keeper::Keeper::new();
         Ok(Worker {
             admin,
+            driver_inboxes,
+            keeper_inbox,
             shared: Arc::new(Shared {
                 topics: w.topics.clone(),
                 group: w.group_id.clone(),
@@ -388,13 +393,12 @@ impl WorkerBuilder {
                     .map(|t| w.pacing.get(t).map(crate::worker::pacing::TopicRules::of))
                     .collect(),
                 pace_wake: tokio::sync::Notify::new(),
-                keeper: keeper::Keeper::new(),
+                keeper,
                 finished: Condvar::new(),
                 commit_lock: Mutex::new(()),
                 producer,
                 raw,
                 drivers,
-                driver_inboxes: Mutex::new(driver_inboxes),
                 next_driver: Default::default(),
                 waiters: Default::default(),
                 clock: self.clock,
@@ -435,10 +439,6 @@ impl Worker {
     /// the revocation deadline), offsets are committed and the group is left.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
         let shared = self.shared;
-        let inboxes = std::mem::take(&mut *shared.driver_inboxes.locked());
-        if inboxes.is_empty() {
-            return Err(WorkerError::Fatal("the worker already ran".into()));
-        }
         let admin = self.admin.map(|a| {
             let source = Arc::new(WorkerHandle {
                 shared: shared.clone(),
@@ -446,12 +446,10 @@ impl Worker {
             a.serve(source, shared.stop.clone())
         });
         let halt = CancellationToken::new();
-        for inbox in inboxes {
+        for inbox in self.driver_inboxes {
             tokio::spawn(drive::drive(shared.clone(), inbox, halt.clone()));
         }
-        if let Some(inbox) = shared.keeper.take_inbox() {
-            tokio::spawn(keeper::keep(shared.clone(), inbox, halt.clone()));
-        }
+        tokio::spawn(keeper::keep(shared.clone(), self.keeper_inbox, halt.clone()));
         if shared.rules.iter().any(Option::is_some) {
             tokio::spawn(ready::release_turns(shared.clone()));
         }

@@ -20,7 +20,6 @@ use super::{Shared, Tp};
 use crate::hash::HashSet;
 use crate::job::Job;
 use crate::kafka;
-use crate::sync::Lock;
 use crate::wire::{self, OwnedRecord};
 use crate::worker::hold::{record, Change, Skip};
 use crate::worker::service::offsets::finish_in;
@@ -64,21 +63,13 @@ pub(super) enum Request {
 /// Where requests for the keeper go.
 pub(super) struct Keeper {
     tx: mpsc::UnboundedSender<Request>,
-    rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
 }
 
 impl Keeper {
-    pub(super) fn new() -> Self {
+    /// The sending side, and the keeper task's inbox.
+    pub(super) fn new() -> (Self, mpsc::UnboundedReceiver<Request>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        Keeper {
-            tx,
-            rx: std::sync::Mutex::new(Some(rx)),
-        }
-    }
-
-    /// The keeper's inbox, taken once when the worker runs.
-    pub(super) fn take_inbox(&self) -> Option<mpsc::UnboundedReceiver<Request>> {
-        self.rx.locked().take()
+        (Keeper { tx }, rx)
     }
 
     /// Park `jobs` (their partitions' in-flight counts already include
