@@ -89,6 +89,7 @@ pub const ACTION_HEADER: &str = "x-kairos-action";
 
 /// Why the admin endpoint did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdminError {
     /// The address could not be bound (in use, not local, no permission).
     #[error("admin endpoint: cannot listen on {addr}: {source}")]

@@ -115,6 +115,7 @@ pub struct Newest {
 
 /// Why listing or replaying failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DlqError {
     /// Reading the dead-letter topic failed.
     #[error("reading the dead-letter topic: {0}")]

@@ -49,6 +49,7 @@ pub struct HeldKey {
 
 /// Why listing or releasing failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeysError {
     /// Reading the held topic failed.
     #[error("reading the held topic: {0}")]

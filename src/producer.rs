@@ -39,6 +39,7 @@ use crate::wire::{self, DecodeError};
 
 /// Why a write was not done.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProduceError {
     /// The job would not be readable by a worker or the scheduler.
     #[error("job {id} is not valid: {reason}")]

@@ -47,6 +47,7 @@ pub struct TopicReport {
 
 /// Why topics could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopicsError {
     /// The admin client failed (connection, authorization, timeout).
     #[error("admin request failed: {0}")]

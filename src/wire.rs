@@ -257,6 +257,7 @@ impl OwnedRecord {
 /// would cost an allocation per job decoded.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Command {
     /// Hold the job until its run-at, then fire it into its work topic.
     Schedule(Job),

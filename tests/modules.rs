@@ -240,7 +240,7 @@ fn drop_renames(tree: &str) -> String {
     while let Some(word) = words.next() {
         if word.trim() == "as" || word == "as " {
             // skip the new name: the next word that is an identifier
-            while let Some(next) = words.next() {
+            for next in words.by_ref() {
                 let name = next.trim_end_matches(|c: char| !(c.is_alphanumeric() || c == '_'));
                 if !name.is_empty() {
                     out.push_str(&next[name.len()..]);

@@ -11,6 +11,7 @@ use super::ConfigError;
 /// What a failing job that will be retried does to its key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnFailure {
     /// The retry goes through the scheduler and the key's later jobs run
     /// meanwhile (they overtake it).

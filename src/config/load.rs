@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 /// Why configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {path}: {source}")]

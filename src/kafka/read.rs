@@ -15,6 +15,7 @@ use crate::config::KafkaConfig;
 
 /// Why a read to the end stopped short.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReadError {
     /// A Kafka request failed.
     #[error(transparent)]

@@ -140,6 +140,7 @@ pub fn schedulers(cfg: &Config, addrs: &[SocketAddr], by_topic: bool) -> Schedul
 
 /// Why a job could not be looked up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobLookupError {
     /// No admin endpoint to ask.
     #[error("no scheduler admin endpoint: set [scheduler.admin] listen, or pass --admin ADDR")]

@@ -86,6 +86,7 @@ pub fn written_up_to<E>(
 
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RebuildError {
     /// Reading the changelog failed.
     #[error("reading changelog partition {partition}: {source}")]

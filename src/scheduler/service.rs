@@ -78,6 +78,7 @@ use upkeep::cascade_loop;
 
 /// Why the scheduler stopped.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SchedulerError {
     /// The store failed; the scheduler stops rather than acknowledge a job
     /// it could not keep.

@@ -2,6 +2,7 @@
 
 /// What is wrong with one header's value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HeaderProblem {
     /// The header is present with a null value.
     #[error("has no value")]
@@ -65,6 +66,7 @@ pub enum HeaderProblem {
 /// Why a record is not a valid job. Each variant names what is wrong; the
 /// `Display` text is what the dead-letter record carries as its reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// No record key: the key is the job's entity key.
     #[error("record has no key (the key is the job's entity key)")]

@@ -11,6 +11,7 @@ use crate::job::Job;
 
 /// What became of a job. Expected outcomes are values, not errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Finished. The follow-up jobs are written (and acknowledged by Kafka)
     /// before the job counts as done.

@@ -59,6 +59,7 @@ use ready::Start;
 
 /// Why the worker could not run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkerError {
     /// A Kafka client could not be created or subscribed.
     #[error("kafka: {0}")]

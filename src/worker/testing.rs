@@ -45,6 +45,7 @@ use crate::worker::settle::{Origin, Outbox, RetryPolicy, Settled, Settler, Write
 
 /// Something a worker wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Written {
     /// A job: a follow-up or a job's next attempt. A running worker's
     /// producer sends it to its work topic when due, else through the

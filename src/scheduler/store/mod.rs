@@ -78,6 +78,7 @@ use value_log::{LogError, ValueLog};
 /// Why the store failed. Any of these stops the scheduler from consuming and
 /// committing: a job is never acknowledged that is not on disk.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// sled failed (I/O error, full or read-only disk, corruption).
     #[error("scheduler store: {0}")]

@@ -47,6 +47,7 @@ pub const LIVE_KIND: u8 = b'L';
 
 /// Why the value log failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LogError {
     /// A segment file could not be created, written, read, synced or deleted.
     #[error("value log {path}: {source}")]
