@@ -90,7 +90,7 @@
 mod common;
 mod support;
 
-use support::{bench_dir, job_count, mem_of, mib, pass, runtime, Mem};
+use support::{bench_dir, job_count, knobs, mem_of, mib, runtime, Mem};
 
 use std::collections::HashMap;
 use std::future::IntoFuture;
@@ -133,27 +133,9 @@ const TARGET_RSS: u64 = 256 << 20;
 
 // ------------------------------------------------------------------ settings
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.replace('_', "").trim().parse().ok())
-        .unwrap_or(default)
-}
-
-fn env_list(name: &str, default: &[u64]) -> Vec<u64> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .split(',')
-            .filter_map(|x| x.trim().replace('_', "").parse().ok())
-            .filter(|x| *x > 0)
-            .collect(),
-        Err(_) => default.to_vec(),
-    }
-}
-
 /// Every wait gives up after this.
 fn timeout() -> Duration {
-    Duration::from_secs(env_u64("KAIROS_BENCH_TIMEOUT_SECS", 3600))
+    Duration::from_secs(knobs::u64_or("KAIROS_BENCH_TIMEOUT_SECS", 3600))
 }
 
 /// A fair or a plain work topic.
@@ -184,13 +166,13 @@ fn bench_config(broker: &Broker, dir: &Path, kind: Kind) -> Config {
     if kind == Kind::Fair {
         cfg.fair.topics = cfg.topics.work.clone();
     }
-    if let Ok(Ok(target)) = std::env::var("KAIROS_BENCH_BACKLOG_TARGET").map(|v| v.parse()) {
+    if let Some(target) = knobs::number("KAIROS_BENCH_BACKLOG_TARGET") {
         cfg.fair.backlog_target = target;
     }
-    if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS").map(|v| v.parse()) {
+    if let Some(ms) = knobs::number("KAIROS_BENCH_BACKLOG_TIME_MS") {
         cfg.fair.backlog_time = Duration::from_millis(ms);
     }
-    if let Ok(Ok(ms)) = std::env::var("KAIROS_BENCH_POLL_MS").map(|v| v.parse()) {
+    if let Some(ms) = knobs::number("KAIROS_BENCH_POLL_MS") {
         cfg.fair.poll_interval = Duration::from_millis(ms);
     }
     cfg
@@ -422,7 +404,7 @@ fn throughput_run(rt: &Runtime, kind: Kind, n: u64) -> Run {
     );
     let written = acked - t0;
     let deadline = Instant::now() + timeout();
-    let trace = std::env::var("KAIROS_BENCH_TRACE").is_ok();
+    let trace = knobs::set("KAIROS_BENCH_TRACE");
     let mut traced = Instant::now();
     while (starts.lock().expect("starts").len() as u64) < n {
         if trace && traced.elapsed() >= Duration::from_millis(100) {
@@ -481,7 +463,7 @@ fn throughput_run(rt: &Runtime, kind: Kind, n: u64) -> Run {
 
 fn throughput(rt: &Runtime, summary: &mut Vec<String>) {
     let n = job_count(50_000);
-    let rounds = env_u64("KAIROS_BENCH_ROUNDS", 1).max(1);
+    let rounds = knobs::u64_or("KAIROS_BENCH_ROUNDS", 1).max(1);
     println!(
         "1. throughput: N = {n} jobs due now ({TP_TENANTS} tenants round-robin, {} keys), written at once; \
          worker concurrency {CONCURRENCY}, no-op handler; {rounds} round(s) of plain then fair",
@@ -508,7 +490,7 @@ fn throughput(rt: &Runtime, summary: &mut Vec<String>) {
     let line = format!(
         "{}  throughput fair/plain = {ratio:.2}x (per round {}; fair {f:.0} jobs/s, plain {p:.0} jobs/s, \
          first write to last start) — target >= {TARGET_THROUGHPUT}x",
-        pass(ratio >= TARGET_THROUGHPUT),
+        support::pass(ratio >= TARGET_THROUGHPUT),
         per_round.join(", "),
     );
     println!("  {line}");
@@ -619,7 +601,7 @@ fn delay_run(rt: &Runtime, kind: Kind, flood: u64) -> Delays {
     );
     let written = acked - t0;
     let ingested = |r: &Running| r.scheduler.as_ref().map_or(0, |s| s.stats().ingested);
-    let wait_ingest = kind == Kind::Fair && env_u64("KAIROS_BENCH_WAIT_INGEST", 0) == 1;
+    let wait_ingest = kind == Kind::Fair && knobs::u64_or("KAIROS_BENCH_WAIT_INGEST", 0) == 1;
     if wait_ingest {
         common::wait_for("the scheduler to ingest the flood", timeout(), || {
             (ingested(&running) >= flood).then_some(())
@@ -650,9 +632,7 @@ fn delay_run(rt: &Runtime, kind: Kind, flood: u64) -> Delays {
     let small_from = Instant::now();
     let acked = rt.block_on(write_small(&producer, &topic));
     let small_secs = secs(small_from.elapsed());
-    let cap = std::env::var("KAIROS_BENCH_PLAIN_MAX_SECS")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
+    let cap = knobs::number::<f64>("KAIROS_BENCH_PLAIN_MAX_SECS")
         .filter(|_| kind == Kind::Plain)
         .map(Duration::from_secs_f64);
     let deadline = Instant::now() + timeout();
@@ -734,7 +714,7 @@ fn delay_run(rt: &Runtime, kind: Kind, flood: u64) -> Delays {
 }
 
 fn delay(rt: &Runtime, summary: &mut Vec<String>) {
-    let floods = env_list("KAIROS_BENCH_FLOODS", &[100_000, 1_000_000]);
+    let floods = knobs::list_or("KAIROS_BENCH_FLOODS", &[100_000, 1_000_000]);
     assert!(!floods.is_empty(), "KAIROS_BENCH_FLOODS names no flood size");
     println!(
         "2. small-tenant start delay: a flood of F jobs from one tenant ({FLOOD_KEYS} keys), then {SMALL_TENANTS} \
@@ -771,7 +751,7 @@ fn delay(rt: &Runtime, summary: &mut Vec<String>) {
         let line = format!(
             "{}  fair p99 flat as the flood grows {grew:.0}x ({} -> {}): p99 {:.0} -> {:.0} ms, ratio {fair_ratio:.2} \
              — target <= {TARGET_FLAT}",
-            pass(fair_ratio <= TARGET_FLAT),
+            support::pass(fair_ratio <= TARGET_FLAT),
             small.0,
             large.0,
             small.1.p99(),
@@ -783,7 +763,7 @@ fn delay(rt: &Runtime, summary: &mut Vec<String>) {
         let line = format!(
             "{}  plain p99 grows with the flood ({} -> {}): p99 {:.0} -> {:.0} ms, ratio {plain_ratio:.2}{} \
              — target > {TARGET_FLAT}",
-            pass(plain_ratio > TARGET_FLAT),
+            support::pass(plain_ratio > TARGET_FLAT),
             small.0,
             large.0,
             small.2.p99(),
@@ -802,7 +782,7 @@ fn delay(rt: &Runtime, summary: &mut Vec<String>) {
     let better = large.2.p99() / large.1.p99();
     let line = format!(
         "{}  at a flood of {}: fair p99 {:.0} ms vs plain {}{:.0} ms: {}{better:.0}x better — target >= {TARGET_BETTER}x",
-        pass(better >= TARGET_BETTER),
+        support::pass(better >= TARGET_BETTER),
         large.0,
         large.1.p99(),
         if large.2.capped { ">= " } else { "" },
@@ -912,8 +892,8 @@ fn sample_rss(p: &Proc, samples: usize) -> (u64, Mem) {
 }
 
 fn memory(rt: &Runtime, summary: &mut Vec<String>) {
-    let n = env_u64("KAIROS_BENCH_MEM_JOBS", 10_000_000).max(1);
-    let tenants = env_u64("KAIROS_BENCH_MEM_TENANTS", 100_000).clamp(1, n);
+    let n = knobs::u64_or("KAIROS_BENCH_MEM_JOBS", 10_000_000).max(1);
+    let tenants = knobs::u64_or("KAIROS_BENCH_MEM_TENANTS", 100_000).clamp(1, n);
     let per = n.div_ceil(tenants);
     let broker = Broker::own();
     let broker_rss = |pid: Option<u32>| pid.map_or(f64::NAN, |p| mib(mem_of(p).rss));
@@ -1076,7 +1056,7 @@ fn memory(rt: &Runtime, summary: &mut Vec<String>) {
     let line = format!(
         "{}  scheduler peak (VmHWM) with {n} fair jobs waiting across {tenants} tenants <= 256 MiB: {:.1} MiB; \
          settled VmRSS {:.1} MiB (idle {:.1} MiB: {:.2}x){scale}",
-        pass(at_n.hwm <= TARGET_RSS),
+        support::pass(at_n.hwm <= TARGET_RSS),
         mib(at_n.hwm),
         mib(rss),
         mib(idle_rss),
@@ -1095,7 +1075,7 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
+    let only = knobs::text("KAIROS_BENCH_ONLY").unwrap_or_default();
     assert!(
         ["", "throughput", "delay", "memory"].contains(&only.as_str()),
         "KAIROS_BENCH_ONLY is throughput, delay or memory, not {only:?}"
@@ -1106,10 +1086,10 @@ fn main() {
          3 schedule / 3 work partitions, [fair] backlog_target {}, backlog_time {}",
         common::kafka::KAFKA_VERSION,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        std::env::var("KAIROS_BENCH_BACKLOG_TARGET").unwrap_or_else(|_| "1000 (shipped)".into()),
-        std::env::var("KAIROS_BENCH_BACKLOG_TIME_MS")
+        knobs::text("KAIROS_BENCH_BACKLOG_TARGET").unwrap_or_else(|| "1000 (shipped)".into()),
+        knobs::text("KAIROS_BENCH_BACKLOG_TIME_MS")
             .map(|ms| format!("{ms} ms"))
-            .unwrap_or_else(|_| "300 ms (shipped)".into())
+            .unwrap_or_else(|| "300 ms (shipped)".into())
     );
     let mut summary = Vec::new();
     let t = Instant::now();

@@ -76,7 +76,7 @@
 mod common;
 mod support;
 
-use support::{job_count, now_ms, runtime};
+use support::{job_count, knobs, now_ms, runtime};
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,26 +108,11 @@ const SUSTAINED_MAX_MS: f64 = 1000.0;
 
 // ------------------------------------------------------------------ settings
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(default)
-}
-
 fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_micros() as i64
-}
-
-fn pass(ok: bool) -> &'static str {
-    if ok {
-        "MET"
-    } else {
-        "NOT MET"
-    }
 }
 
 // ------------------------------------------------------------------ records
@@ -406,7 +391,7 @@ fn scheduler_config(rt: &tokio::runtime::Runtime, broker: &Broker) -> Config {
 fn spawn_scheduler(rt: &tokio::runtime::Runtime, cfg: &Config, rule: Rule) -> Running {
     let dir = tempfile::Builder::new()
         .prefix("kairos-bench-e2e-")
-        .tempdir_in(std::env::var_os("KAIROS_BENCH_DIR").unwrap_or_else(|| "/tmp".into()))
+        .tempdir_in(knobs::text("KAIROS_BENCH_DIR").unwrap_or_else(|| "/tmp".into()))
         .expect("temp dir");
     let mut cfg = cfg.clone();
     cfg.scheduler.data_dir = dir.path().join("store");
@@ -735,7 +720,7 @@ fn throughput_durable(
     // Diagnostic: the jobs written before the scheduler starts, so that
     // ingest has the machine to itself (no stats timing "with no job
     // pending" then: 0).
-    let written_first = std::env::var_os("KAIROS_BENCH_DURABLE_FIRST").is_some();
+    let written_first = knobs::set("KAIROS_BENCH_DURABLE_FIRST");
     let lead_ms = lead.as_millis() as i64;
     let (cfg, running, stats_empty_ms, run_at) = if written_first {
         let cfg = scheduler_config(rt, broker);
@@ -859,7 +844,7 @@ fn paced(cfg: &Config, topic: &str, read_topic: &str, bodies: &Bodies, rate: u64
     let failed = w.finish();
     assert_eq!(failed, 0, "writes failed");
     let seen = r.finish();
-    if let Ok(path) = std::env::var("KAIROS_BENCH_DUMP") {
+    if let Some(path) = knobs::text("KAIROS_BENCH_DUMP") {
         let text: String = seen
             .iter()
             .map(|s| {
@@ -925,17 +910,10 @@ fn main() {
     }
     let n = job_count(100_000);
     // The lateness rates to try, highest first, until one is sustained.
-    let rates: Vec<u64> = match std::env::var("KAIROS_BENCH_RATE") {
-        Ok(r) => r
-            .split(',')
-            .filter_map(|x| x.trim().replace('_', "").parse().ok())
-            .filter(|r| *r > 0)
-            .collect(),
-        Err(_) => vec![10_000, 5_000, 2_500, 1_000],
-    };
-    let secs = env_u64("KAIROS_BENCH_SECS", 10).max(1);
-    let rounds = env_u64("KAIROS_BENCH_ROUNDS", 2).max(1);
-    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
+    let rates = knobs::list_or("KAIROS_BENCH_RATE", &[10_000, 5_000, 2_500, 1_000]);
+    let secs = knobs::u64_or("KAIROS_BENCH_SECS", 10).max(1);
+    let rounds = knobs::u64_or("KAIROS_BENCH_ROUNDS", 2).max(1);
+    let only = knobs::text("KAIROS_BENCH_ONLY").unwrap_or_default();
     let rt = runtime();
     let broker = Broker::own();
     println!(
@@ -961,7 +939,7 @@ fn main() {
         let mut drains_off = Vec::new();
         let mut drains_scraped = Vec::new();
         let mut durables = Vec::new();
-        let lead = Duration::from_secs(env_u64("KAIROS_BENCH_LEAD_SECS", 20));
+        let lead = Duration::from_secs(knobs::u64_or("KAIROS_BENCH_LEAD_SECS", 20));
         for round in 1..=rounds {
             let raw = throughput_raw(&rt, &broker, &bodies);
             println!(
@@ -1066,7 +1044,7 @@ fn main() {
                 ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
                 mean(&kai),
                 mean(&raws),
-                pass(ratio >= TARGET_THROUGHPUT_RATIO)
+                support::pass(ratio >= TARGET_THROUGHPUT_RATIO)
             );
             println!("  {line}");
             summary.push(line);
@@ -1076,7 +1054,7 @@ fn main() {
             "drain ratio kairos/raw = {drain:.2} (per round {}): the scheduler alone consuming N and producing N, \
              the raw pipe's client work — target ≥ {TARGET_THROUGHPUT_RATIO}: {}",
             drains.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
-            pass(drain >= TARGET_THROUGHPUT_RATIO)
+            support::pass(drain >= TARGET_THROUGHPUT_RATIO)
         );
         println!("  {line}");
         summary.push(line);
@@ -1113,7 +1091,7 @@ fn main() {
     if only.is_empty() || only == "lateness" {
         for (k, rate) in rates.iter().copied().enumerate() {
             let total = (rate * secs) as usize;
-            let lead_ms = env_u64("KAIROS_BENCH_LATENESS_LEAD_MS", LEAD_MS as u64) as i64;
+            let lead_ms = knobs::u64_or("KAIROS_BENCH_LATENESS_LEAD_MS", LEAD_MS as u64) as i64;
             println!(
                 "(b) lateness: {rate} due jobs/s for {secs} s ({total} jobs), each written {lead_ms} ms before its run-at"
             );
@@ -1175,7 +1153,7 @@ fn main() {
                 kl.fire_rate,
                 if sustained { "yes" } else { "no" },
                 if k == 0 { "" } else { " (target is at 10,000/s)" },
-                pass(complete && p99 <= TARGET_P99_MS && rate >= 10_000)
+                support::pass(complete && p99 <= TARGET_P99_MS && rate >= 10_000)
             );
             println!("  {line}");
             summary.push(line);
@@ -1189,7 +1167,7 @@ fn main() {
                 pct(&kl.created, 0.5),
                 kl.created.last().copied().unwrap_or(f64::NAN),
                 if k == 0 { "" } else { " (target is at 10,000/s)" },
-                pass(complete && fired_p99 <= TARGET_P99_MS && rate >= 10_000)
+                support::pass(complete && fired_p99 <= TARGET_P99_MS && rate >= 10_000)
             );
             println!("  {line}");
             summary.push(line);

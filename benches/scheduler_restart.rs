@@ -44,7 +44,7 @@
 mod common;
 mod support;
 
-use support::{bench_dir, job_count, runtime};
+use support::{bench_dir, job_count, knobs, runtime};
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -80,21 +80,6 @@ const FIRST_JOBS: usize = 5;
 const TARGET_SECS: f64 = 2.0;
 /// Longest wait for one start (a slow disk with 10M jobs included).
 const START_TIMEOUT: Duration = Duration::from_secs(900);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(default)
-}
-
-fn pass(ok: bool) -> &'static str {
-    if ok {
-        "MET"
-    } else {
-        "NOT MET"
-    }
-}
 
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -674,8 +659,8 @@ fn describe(c: &Case) {
 
 fn main() {
     let p = job_count(10_000_000);
-    let rounds = env_u64("KAIROS_BENCH_ROUNDS", 3).max(1);
-    let membership = std::env::var("KAIROS_BENCH_MEMBERSHIP").unwrap_or_else(|_| "both".into());
+    let rounds = knobs::u64_or("KAIROS_BENCH_ROUNDS", 3).max(1);
+    let membership = knobs::text("KAIROS_BENCH_MEMBERSHIP").unwrap_or_else(|| "both".into());
     let memberships: Vec<bool> = match membership.as_str() {
         "static" => vec![true],
         "dynamic" => vec![false],
@@ -714,7 +699,7 @@ fn main() {
             median(&f.to_assigned),
             median(&e.to_assigned),
             median(&f.due_after),
-            pass(fm < TARGET_SECS),
+            support::pass(fm < TARGET_SECS),
         );
     }
     println!(

@@ -42,6 +42,8 @@ mod common;
 #[path = "support/mod.rs"]
 mod support;
 
+use support::knobs;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,13 +63,6 @@ const CONCURRENCY: usize = 256;
 /// Runs per side (interleaved pairs); the median pair ratio counts.
 const RUNS: usize = 5;
 const TIMEOUT: Duration = Duration::from_secs(900);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(default)
-}
 
 /// Write `n` due jobs, key `key-<i mod keys>`, payload `i`, to `topic`.
 fn fill(cfg: &Config, topic: &str, n: u64, keys: u64) {
@@ -317,8 +312,8 @@ fn worker_child(cfg: &Config, held: u64, hold: bool, stdout: std::process::Stdio
 /// and 2 s later (`busy N`).
 fn memory_child(rt: &tokio::runtime::Runtime, json: &str) {
     let cfg: Config = serde_json::from_str(json).expect("config from the parent");
-    let hold = std::env::var(CHILD_HOLD).is_ok_and(|v| v == "1");
-    let held = env_u64("KAIROS_BENCH_HELD", 100_000);
+    let hold = knobs::text(CHILD_HOLD).is_some_and(|v| v == "1");
+    let held = knobs::u64_or("KAIROS_BENCH_HELD", 100_000);
     rt.block_on(async {
         let stop = CancellationToken::new();
         let worker = Worker::builder(&cfg)
@@ -430,11 +425,11 @@ fn memory(rt: &tokio::runtime::Runtime, broker: &Broker, held: u64) -> (f64, f64
 }
 
 fn main() {
-    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
-    let n = env_u64("KAIROS_BENCH_N", 50_000);
-    let held = env_u64("KAIROS_BENCH_HELD", 100_000);
+    let only = knobs::text("KAIROS_BENCH_ONLY").unwrap_or_default();
+    let n = knobs::u64_or("KAIROS_BENCH_N", 50_000);
+    let held = knobs::u64_or("KAIROS_BENCH_HELD", 100_000);
     let rt = support::runtime();
-    if let Ok(json) = std::env::var(CHILD_CONFIG) {
+    if let Some(json) = knobs::text(CHILD_CONFIG) {
         return memory_child(&rt, &json);
     }
     let broker = Broker::own();
@@ -459,7 +454,7 @@ fn main() {
     if only.is_empty() || only == "failing" {
         // Five jobs a key, as many keys as that takes: enough jobs for the
         // healthy keys' rate to be timed over about a second.
-        let n = env_u64("KAIROS_BENCH_FAILING_N", 500_000);
+        let n = knobs::u64_or("KAIROS_BENCH_FAILING_N", 500_000);
         let keys = (n / 5).max(100);
         println!("1 % of keys failing twice: {n} jobs over {keys} keys, retries after 100 ms");
         let pairs = compare(&rt, &broker, n, keys, true);

@@ -53,6 +53,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+/// The shipped allocator (mimalloc) and the bench knobs.
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -67,6 +69,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
+use support::knobs;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -93,14 +96,6 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 const TARGET_A: f64 = 0.5;
 const TARGET_B: f64 = 150.0;
 
-fn pass(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "FAIL"
-    }
-}
-
 /// Sizes and which benchmarks to run, from the command line and environment.
 struct Args {
     n: u64,
@@ -118,7 +113,7 @@ impl Args {
         let size = |i: usize, var: &str, default: u64| {
             nums.get(i)
                 .copied()
-                .or_else(|| std::env::var(var).ok().and_then(|v| parse(&v)))
+                .or_else(|| knobs::number(var))
                 .unwrap_or(default)
                 .max(1)
         };
@@ -139,7 +134,7 @@ impl Args {
 /// `$KAIROS_BENCH_WORKER_CONSUMER` (`key=value,key=value`; none by default),
 /// for experiments such as `queued.min.messages=1000000`.
 fn worker_consumer_overrides(cfg: &mut Config) -> Vec<String> {
-    let spec = std::env::var("KAIROS_BENCH_WORKER_CONSUMER").unwrap_or_default();
+    let spec = knobs::text("KAIROS_BENCH_WORKER_CONSUMER").unwrap_or_default();
     let mut applied = Vec::new();
     for kv in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (k, v) = kv
@@ -463,11 +458,11 @@ fn bench_a(rt: &Runtime, broker: &Broker, n: u64) -> bool {
     println!();
     println!(
         "  {}  A: kairos jobs/s / plain consumer jobs/s >= {TARGET_A} (default config): {ratio:.2}x",
-        pass(ratio >= TARGET_A)
+        support::pass(ratio >= TARGET_A)
     );
     println!(
         "  {}  A, diagnostic: the same with max_buffered = N: {:.2}x",
-        pass(u.rate() / p.rate() >= TARGET_A),
+        support::pass(u.rate() / p.rate() >= TARGET_A),
         u.rate() / p.rate()
     );
     println!();
@@ -646,7 +641,7 @@ fn bench_b(rt: &Runtime, broker: &Broker, jobs: u64, baseline_jobs: u64) -> bool
             overrides.join(", ")
         );
     }
-    let timeline = std::env::var_os("KAIROS_BENCH_TIMELINE").is_some();
+    let timeline = knobs::set("KAIROS_BENCH_TIMELINE");
     let show = |label: &str, r: &RunB, checks: Option<Checks>| {
         println!(
             "  {label} {}; {:.0} jobs/s over the handlers' busy window, peak {} running{}",
@@ -725,16 +720,16 @@ fn bench_b(rt: &Runtime, broker: &Broker, jobs: u64, baseline_jobs: u64) -> bool
     println!(
         "  {}  B: concurrency {CONCURRENCY} jobs/s / concurrency 1 jobs/s >= {TARGET_B} (default config): \
          {ratio:.1}x",
-        pass(ratio >= TARGET_B)
+        support::pass(ratio >= TARGET_B)
     );
     println!(
         "  {}  B, diagnostic: the same with max_buffered = J: {:.1}x",
-        pass(uw / sw >= TARGET_B),
+        support::pass(uw / sw >= TARGET_B),
         uw / sw
     );
     println!(
         "  {}  B: zero order violations and same-key overlaps",
-        pass(clean)
+        support::pass(clean)
     );
     println!();
     ratio >= TARGET_B && clean

@@ -5,6 +5,8 @@
 //! librdkafka's mallocs), so that what runs in-process runs as it does there.
 #![allow(dead_code)] // each bench uses its own subset
 
+pub mod knobs;
+
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -48,14 +50,14 @@ pub fn job_count(default: u64) -> u64 {
     std::env::args()
         .skip(1)
         .find_map(|a| parse(&a))
-        .or_else(|| std::env::var("KAIROS_BENCH_N").ok().and_then(|v| parse(&v)))
+        .or_else(|| knobs::number("KAIROS_BENCH_N"))
         .unwrap_or(default)
         .max(1)
 }
 
 /// A fresh temporary directory under `$KAIROS_BENCH_DIR` (else /tmp), removed on drop.
 pub fn bench_dir(prefix: &str) -> tempfile::TempDir {
-    let base = std::env::var_os("KAIROS_BENCH_DIR")
+    let base = knobs::text("KAIROS_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     std::fs::create_dir_all(&base).expect("create bench base dir");
@@ -184,11 +186,12 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
 }
 
+/// A target's verdict, as every bench prints it.
 pub fn pass(ok: bool) -> &'static str {
     if ok {
-        "PASS"
+        "MET"
     } else {
-        "FAIL"
+        "NOT MET"
     }
 }
 
@@ -451,20 +454,20 @@ pub fn zadd_all(
 /// `queued.max.messages.kbytes`, librdkafka's default). Apply to the
 /// scheduler's configuration alone.
 pub fn scheduler_knobs(cfg: &mut kairos::Config) {
-    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_INGEST_BATCH").map(|v| v.parse()) {
+    if let Some(n) = knobs::number("KAIROS_BENCH_INGEST_BATCH") {
         cfg.scheduler.ingest_batch = n;
     }
-    if let Ok(n) = std::env::var("KAIROS_BENCH_READ_AHEAD") {
+    if let Some(n) = knobs::text("KAIROS_BENCH_READ_AHEAD") {
         let v = n.as_str().into();
         cfg.kafka.consumer.insert("queued.min.messages".into(), v);
     }
-    if let Ok(n) = std::env::var("KAIROS_BENCH_LINGER_MS") {
+    if let Some(n) = knobs::text("KAIROS_BENCH_LINGER_MS") {
         cfg.kafka.producer.insert("linger.ms".into(), n.as_str().into());
     }
-    if let Ok(Ok(n)) = std::env::var("KAIROS_BENCH_APPLY_THREADS").map(|v| v.parse()) {
+    if let Some(n) = knobs::number("KAIROS_BENCH_APPLY_THREADS") {
         cfg.scheduler.apply_threads = n;
     }
-    if let Ok(n) = std::env::var("KAIROS_BENCH_QUEUE_KBYTES") {
+    if let Some(n) = knobs::text("KAIROS_BENCH_QUEUE_KBYTES") {
         let v = n.as_str().into();
         cfg.kafka.consumer.insert("queued.max.messages.kbytes".into(), v);
     }
