@@ -80,6 +80,80 @@ fn no_two_library_modules_import_each_other() {
     );
 }
 
+/// ARCHITECTURE.md names every source file under `src/` (in backticks, by
+/// its path or the end of it; `a/{b,c}.rs` names `a/b.rs` and `a/c.rs`).
+#[test]
+fn architecture_names_every_source_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let named = named_in_prose(&text);
+    let mut missing = Vec::new();
+    let mut stack = vec![root.join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let file = path
+                .strip_prefix(root.join("src"))
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if !named
+                .iter()
+                .any(|n| file == *n || file.ends_with(&format!("/{n}")))
+            {
+                missing.push(file);
+            }
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "source files ARCHITECTURE.md does not name: {missing:?}"
+    );
+}
+
+/// The file names in backticks outside fenced blocks, braces expanded.
+fn named_in_prose(text: &str) -> Vec<String> {
+    let mut prose = String::new();
+    for (i, part) in text.split("```").enumerate() {
+        if i % 2 == 0 {
+            prose.push_str(part);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, span) in prose.split('`').enumerate() {
+        if i % 2 == 1 {
+            for whole in expand_braces(span) {
+                out.extend(
+                    whole
+                        .split([' ', ',', '(', ')', '+'])
+                        .filter(|w| w.contains('.'))
+                        .map(str::to_string),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// `a/{b,c}.rs` into `a/b.rs`, `a/c.rs` (innermost group first).
+fn expand_braces(text: &str) -> Vec<String> {
+    let Some(close) = text.find('}') else {
+        return vec![text.to_string()];
+    };
+    let Some(open) = text[..close].rfind('{') else {
+        return vec![text.to_string()];
+    };
+    text[open + 1..close]
+        .split(',')
+        .flat_map(|alt| expand_braces(&format!("{}{}{}", &text[..open], alt.trim(), &text[close + 1..])))
+        .collect()
+}
+
 /// The resolver and the cycle finder on a made-up crate, so the check above
 /// is known to see a cycle when there is one.
 #[test]
@@ -124,6 +198,10 @@ fn the_check_finds_a_cycle_and_ignores_ancestors() {
     assert!(cycles(&modules, &edges).is_empty());
     edge(&mut edges, "d", "a::b");
     assert_eq!(cycles(&modules, &edges), vec![vec![m("a::b"), m("a::c"), m("d")]]);
+    assert_eq!(
+        named_in_prose("`x/{a,b}.rs`, `c.rs` (+ `d.rs`)\n```\n`e.rs`\n```"),
+        vec!["x/a.rs", "x/b.rs", "c.rs", "d.rs"]
+    );
 }
 
 /// Every `.rs` file under `src/` by its module path, the binary's
