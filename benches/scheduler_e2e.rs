@@ -1083,7 +1083,7 @@ fn main() {
             "metrics on/off on the drain (/metrics scraped every {SCRAPE_EVERY:?} / not scraped): {:.2} (per round {}) — target >= 0.95: {}",
             mean(&drains_scraped),
             drains_scraped.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
-            if mean(&drains_scraped) >= 0.95 { "MET" } else { "NOT MET" }
+            support::pass(mean(&drains_scraped) >= 0.95)
         );
         println!("  {line}");
         summary.push(line);

@@ -22,7 +22,7 @@ mod read;
 mod transient;
 
 use crate::sync::Lock;
-pub use lag::{group_lag, partitions_of, watermarks, Watermarks};
+pub(crate) use lag::{group_lag, partitions_of, watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
 pub use transient::{retry_until, transient};

@@ -2,7 +2,10 @@
 //! poisons it; Kairos's threads and tasks keep no invariant across a panic
 //! that a later holder could trip on (a panicking handler is caught before
 //! it touches shared state, and a panic elsewhere stops the service), so a
-//! poisoned lock is taken as it stands. This is the one place that says so.
+//! poisoned lock is taken as it stands. Every lock is taken through these
+//! traits, but for one reading that asks whether a lock is poisoned: a
+//! scheduler whose first-error slot is poisoned is not ready (its
+//! `/readyz`).
 
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;

@@ -22,36 +22,11 @@ fn no_two_library_modules_import_each_other() {
     let files = library_files(&src);
     assert!(files.len() > 50, "found only {} library files", files.len());
     let modules: BTreeSet<ModPath> = files.keys().cloned().collect();
-    let mut edges: BTreeMap<ModPath, BTreeMap<ModPath, BTreeSet<String>>> = BTreeMap::new();
-    for (module, file) in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        let children: BTreeSet<&str> = modules
-            .iter()
-            .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
-            .map(|m| m[module.len()].as_str())
-            .collect();
-        for path in named_paths(&strip_comments(&text), &children) {
-            let Some(absolute) = resolve(module, &path) else {
-                continue;
-            };
-            let Some(target) = owning_module(&modules, &absolute) else {
-                continue;
-            };
-            if target == *module || module.starts_with(&target) {
-                continue; // itself, or an ancestor
-            }
-            let name = absolute[target.len()..]
-                .first()
-                .cloned()
-                .unwrap_or_else(|| "(the module)".into());
-            edges
-                .entry(module.clone())
-                .or_default()
-                .entry(target)
-                .or_default()
-                .insert(name);
-        }
-    }
+    let sources: BTreeMap<ModPath, String> = files
+        .iter()
+        .map(|(m, f)| (m.clone(), std::fs::read_to_string(f).unwrap()))
+        .collect();
+    let edges = import_graph(&sources, &|m| file_of(&files, m));
     let cycles = cycles(&modules, &edges);
     let shown: Vec<String> = cycles
         .iter()
@@ -78,6 +53,75 @@ fn no_two_library_modules_import_each_other() {
         "modules that import each other:\n{}",
         shown.join("\n")
     );
+}
+
+/// Which module imports which, and by which names.
+type Edges = BTreeMap<ModPath, BTreeMap<ModPath, BTreeSet<String>>>;
+
+/// The import graph of a crate's modules (`sources`: each module's text);
+/// `show` names a module in the edges' labels.
+fn import_graph(sources: &BTreeMap<ModPath, String>, show: &dyn Fn(&ModPath) -> String) -> Edges {
+    let modules: BTreeSet<ModPath> = sources.keys().cloned().collect();
+    // Per module, the paths it names (from the crate root), and what its
+    // `use` lines bring in by name (to follow a re-export).
+    let mut named: BTreeMap<ModPath, Vec<ModPath>> = BTreeMap::new();
+    let mut imports: BTreeMap<ModPath, BTreeMap<String, ModPath>> = BTreeMap::new();
+    for (module, text) in sources {
+        let code = strip_comments(text);
+        let children: BTreeSet<&str> = modules
+            .iter()
+            .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+            .map(|m| m[module.len()].as_str())
+            .collect();
+        for (path, by_use) in named_paths(&code, &children) {
+            let Some(absolute) = resolve(module, &path) else {
+                continue;
+            };
+            if by_use {
+                if let Some(name) = absolute.last() {
+                    imports
+                        .entry(module.clone())
+                        .or_default()
+                        .insert(name.clone(), absolute.clone());
+                }
+            }
+            named.entry(module.clone()).or_default().push(absolute);
+        }
+    }
+    let mut edges = Edges::new();
+    for (module, paths) in &named {
+        for absolute in paths {
+            let Some(mut target) = owning_module(&modules, absolute) else {
+                continue;
+            };
+            let mut name = absolute[target.len()..]
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "(the module)".into());
+            if module.starts_with(&target) {
+                // An ancestor (or itself): counted only when the name is
+                // one the ancestor brought in from elsewhere (a re-export).
+                let Some(via) = imports.get(&target).and_then(|i| i.get(&name)) else {
+                    continue;
+                };
+                let Some(origin) = owning_module(&modules, via) else {
+                    continue;
+                };
+                if module.starts_with(&origin) {
+                    continue;
+                }
+                name = format!("{name} (through {})", show(&target));
+                target = origin;
+            }
+            edges
+                .entry(module.clone())
+                .or_default()
+                .entry(target)
+                .or_default()
+                .insert(name);
+        }
+    }
+    edges
 }
 
 /// ARCHITECTURE.md names every source file under `src/` (in backticks, by
@@ -176,12 +220,12 @@ fn the_check_finds_a_cycle_and_ignores_ancestors() {
             &BTreeSet::from(["e"])
         ),
         vec![
-            m("super::c::X"),
-            m("super::c::Y"),
-            m("super::Shared"),
-            m("self::e::W"),
-            m("crate::d::go"),
-            m("self::e::run")
+            (m("super::c::X"), true),
+            (m("super::c::Y"), true),
+            (m("super::Shared"), true),
+            (m("self::e::W"), true),
+            (m("crate::d::go"), false),
+            (m("self::e::run"), false)
         ]
     );
     let mut edges: BTreeMap<ModPath, BTreeMap<ModPath, BTreeSet<String>>> = BTreeMap::new();
@@ -198,6 +242,23 @@ fn the_check_finds_a_cycle_and_ignores_ancestors() {
     assert!(cycles(&modules, &edges).is_empty());
     edge(&mut edges, "d", "a::b");
     assert_eq!(cycles(&modules, &edges), vec![vec![m("a::b"), m("a::c"), m("d")]]);
+    // A child naming its parent's re-export imports the module it came from.
+    let sources: BTreeMap<ModPath, String> = [
+        ("", "mod a;\nmod d;\n"),
+        ("a", "mod b;\nmod c;\npub use c::Thing;\n"),
+        ("a::b", "use super::Thing;\n"),
+        ("a::c", "use crate::d::go;\n"),
+        ("d", "use crate::a::b::Other;\n"),
+    ]
+    .iter()
+    .map(|(k, v)| (m(k), v.to_string()))
+    .collect();
+    let graph = import_graph(&sources, &|p| p.join("::"));
+    assert!(graph[&m("a::b")].contains_key(&m("a::c")), "{graph:?}");
+    assert_eq!(
+        cycles(&sources.keys().cloned().collect(), &graph),
+        vec![vec![m("a::b"), m("a::c"), m("d")]]
+    );
     assert_eq!(
         named_in_prose("`x/{a,b}.rs`, `c.rs` (+ `d.rs`)\n```\n`e.rs`\n```"),
         vec!["x/a.rs", "x/b.rs", "c.rs", "d.rs"]
@@ -272,9 +333,9 @@ fn strip_comments(text: &str) -> String {
                 i += 1;
             }
             i += 2;
-        } else if let Some(hashes) = raw_string_start(&bytes[i..], i == 0 || !ident(bytes[i - 1])) {
+        } else if let Some((open, hashes)) = raw_string_start(&bytes[i..], i == 0 || !ident(bytes[i - 1])) {
             let close = format!("\"{}", "#".repeat(hashes));
-            i += 2 + hashes;
+            i += open;
             while i < bytes.len() && !bytes[i..].starts_with(close.as_bytes()) {
                 i += 1;
             }
@@ -296,13 +357,15 @@ fn strip_comments(text: &str) -> String {
     out
 }
 
-/// At `r"` or `r#"` (not inside a name): the number of `#`.
-fn raw_string_start(bytes: &[u8], at_word_start: bool) -> Option<usize> {
-    if !at_word_start || bytes.first() != Some(&b'r') {
+/// At `r"`, `r#"`, `br"` ... (not inside a name): the opening's length and
+/// the number of `#`.
+fn raw_string_start(bytes: &[u8], at_word_start: bool) -> Option<(usize, usize)> {
+    let b = usize::from(bytes.first() == Some(&b'b'));
+    if !at_word_start || bytes.get(b) != Some(&b'r') {
         return None;
     }
-    let hashes = bytes[1..].iter().take_while(|b| **b == b'#').count();
-    (bytes.get(1 + hashes) == Some(&b'"')).then_some(hashes)
+    let hashes = bytes[b + 1..].iter().take_while(|c| **c == b'#').count();
+    (bytes.get(b + 1 + hashes) == Some(&b'"')).then_some((b + 2 + hashes, hashes))
 }
 
 fn ident(b: u8) -> bool {
@@ -335,7 +398,7 @@ fn drop_renames(tree: &str) -> String {
 /// The module paths the code names: `use` trees expanded, and the paths
 /// starting with `crate`, `super`, `self` or a child module's name
 /// (`children`, read as `self::child`) anywhere else.
-fn named_paths(code: &str, children: &BTreeSet<&str>) -> Vec<ModPath> {
+fn named_paths(code: &str, children: &BTreeSet<&str>) -> Vec<(ModPath, bool)> {
     let mut out = Vec::new();
     let mut rest = code;
     while let Some(at) = find_word(rest, "use") {
@@ -353,6 +416,7 @@ fn named_paths(code: &str, children: &BTreeSet<&str>) -> Vec<ModPath> {
             path.insert(0, "self".to_string());
         }
     }
+    let mut out: Vec<(ModPath, bool)> = out.into_iter().map(|p| (p, true)).collect();
     let starts: Vec<String> = ["crate", "super", "self"]
         .iter()
         .copied()
@@ -381,7 +445,7 @@ fn named_paths(code: &str, children: &BTreeSet<&str>) -> Vec<ModPath> {
                 if children.contains(path[0].as_str()) {
                     path.insert(0, "self".to_string());
                 }
-                out.push(path);
+                out.push((path, false));
             }
         }
     }
@@ -486,12 +550,9 @@ fn owning_module(modules: &BTreeSet<ModPath>, path: &ModPath) -> Option<ModPath>
 
 /// The strongly connected groups of more than one module (Tarjan), each
 /// sorted, in order.
-fn cycles(
-    modules: &BTreeSet<ModPath>,
-    edges: &BTreeMap<ModPath, BTreeMap<ModPath, BTreeSet<String>>>,
-) -> Vec<Vec<ModPath>> {
+fn cycles(modules: &BTreeSet<ModPath>, edges: &Edges) -> Vec<Vec<ModPath>> {
     struct Walk<'a> {
-        edges: &'a BTreeMap<ModPath, BTreeMap<ModPath, BTreeSet<String>>>,
+        edges: &'a Edges,
         index: BTreeMap<&'a ModPath, (usize, usize)>,
         stack: Vec<&'a ModPath>,
         on_stack: BTreeSet<&'a ModPath>,

@@ -9,7 +9,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
 /// The partitions of `topic` (`None` when it does not exist or has none).
-pub fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
+pub(crate) fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     timeout: Duration,
@@ -27,10 +27,10 @@ pub fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
 }
 
 /// A partition and its (low, high) watermarks.
-pub type Watermarks = (i32, (i64, i64));
+pub(crate) type Watermarks = (i32, (i64, i64));
 
 /// Each of `partitions`' (low, high) watermarks.
-pub fn watermarks<C: rdkafka::consumer::ConsumerContext>(
+pub(crate) fn watermarks<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     partitions: &[i32],
@@ -45,7 +45,7 @@ pub fn watermarks<C: rdkafka::consumer::ConsumerContext>(
 /// Records of `topic` that `consumer`'s group has not committed yet, summed
 /// over the partitions of `ends` (their watermarks); a partition never
 /// committed counts from its start.
-pub fn group_lag<C: rdkafka::consumer::ConsumerContext>(
+pub(crate) fn group_lag<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     ends: &[Watermarks],
