@@ -131,28 +131,24 @@ fn architecture_names_every_source_file() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
     let named = named_in_prose(&text);
-    let mut missing = Vec::new();
-    let mut stack = vec![root.join("src")];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let file = path
-                .strip_prefix(root.join("src"))
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            if !named
+    let src = root.join("src");
+    let files: Vec<String> = files_under(&src)
+        .iter()
+        .map(|p| p.strip_prefix(&src).unwrap().to_string_lossy().into_owned())
+        .collect();
+    // A name counts for the file at that path under `src/`, or for the one
+    // file it ends (at a `/`): a bare `refill.rs` that three files end
+    // names none of them.
+    let ends = |file: &str, n: &str| file.ends_with(&format!("/{n}"));
+    let mut missing: Vec<String> = files
+        .iter()
+        .filter(|file| {
+            !named
                 .iter()
-                .any(|n| file == *n || file.ends_with(&format!("/{n}")))
-            {
-                missing.push(file);
-            }
-        }
-    }
+                .any(|n| *file == n || (ends(file, n) && files.iter().filter(|f| ends(f, n)).count() == 1))
+        })
+        .cloned()
+        .collect();
     missing.sort();
     assert!(
         missing.is_empty(),
@@ -269,34 +265,43 @@ fn the_check_finds_a_cycle_and_ignores_ancestors() {
 /// (`main.rs` and the modules it declares) left out.
 fn library_files(src: &Path) -> BTreeMap<ModPath, PathBuf> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
+    for path in files_under(src) {
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let relative = path.strip_prefix(src).unwrap().with_extension("");
+        let mut module: ModPath = relative
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        match module.last().map(String::as_str) {
+            Some("main") if module.len() == 1 => continue,
+            Some("lib") if module.len() == 1 => module.clear(),
+            Some("mod") => {
+                module.pop();
+            }
+            _ => {}
+        }
+        if module.len() == 1 && binary_modules(src).contains(&module[0]) {
+            continue;
+        }
+        out.insert(module, path);
+    }
+    out
+}
+
+/// Every file below `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 stack.push(path);
-                continue;
+            } else {
+                out.push(path);
             }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let relative = path.strip_prefix(src).unwrap().with_extension("");
-            let mut module: ModPath = relative
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect();
-            match module.last().map(String::as_str) {
-                Some("main") if module.len() == 1 => continue,
-                Some("lib") if module.len() == 1 => module.clear(),
-                Some("mod") => {
-                    module.pop();
-                }
-                _ => {}
-            }
-            if module.len() == 1 && binary_modules(src).contains(&module[0]) {
-                continue;
-            }
-            out.insert(module, path);
         }
     }
     out
