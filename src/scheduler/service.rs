@@ -4,7 +4,7 @@
 //! - [`ingest`] (thread `kairos-ingest`, the consumer's): reads schedule
 //!   records, decodes them, skips what was handled before, dead-letters
 //!   what is malformed, claims the jobs a batch names; hands the batch over
-//!   through [`applying`] to
+//!   through [`lanes`] to
 //! - [`apply`] (threads `kairos-apply-N`, each for a lane of partitions,
 //!   started by the lane's `kairos-lane-N` and ended when quiet):
 //!   resolves each change against the batch, the window's direct jobs and
@@ -27,7 +27,6 @@
 //!   or a record of it is ingested.
 
 mod apply;
-mod applying;
 mod backlog;
 mod batch;
 mod direct;
@@ -37,6 +36,7 @@ mod finish;
 mod fire;
 mod firing;
 mod ingest;
+mod lanes;
 mod metrics;
 pub use metrics::DUE_SPANS;
 mod persist;
@@ -71,9 +71,9 @@ use direct::DirectOffsets;
 use dispatch::dispatch_loop;
 use firing::Firing;
 use probe::probe_loop;
-use rebalance::Ctx;
+use rebalance::SchedulerContext;
 pub use stats::SchedulerStats;
-use stats::{fair_status, stats, FairStatus, Stats};
+use stats::{fair_status, stats, FairStatus, SchedulerCounters};
 use upkeep::cascade_loop;
 
 /// Why the scheduler stopped.
@@ -144,7 +144,7 @@ struct Shared {
     /// Asks the probe thread to look up partition ends.
     probe: SyncSender<()>,
     /// Batches of schedule records read and not yet applied, per apply lane.
-    applying: applying::Lanes,
+    lanes: lanes::Lanes,
     /// The partitions store writes may touch (not those let go).
     owned: draining::Owned,
     /// Fire due jobs without waiting for their partition to be read up to
@@ -152,7 +152,7 @@ struct Shared {
     fire_unread: std::sync::atomic::AtomicBool,
     /// Fair topics' jobs released and not yet finished by the workers.
     backlog: backlog::Backlog,
-    stats: Stats,
+    stats: SchedulerCounters,
 }
 
 impl Shared {
@@ -296,9 +296,9 @@ impl Scheduler {
                 probe,
                 fire_unread: std::sync::atomic::AtomicBool::new(false),
                 backlog: backlog::Backlog::new(&cfg.fair.topics),
-                applying: applying::Lanes::new(s.apply_threads),
+                lanes: lanes::Lanes::new(s.apply_threads),
                 owned: draining::Owned::default(),
-                stats: Stats::default(),
+                stats: SchedulerCounters::default(),
             }),
         })
     }

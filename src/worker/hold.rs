@@ -445,7 +445,7 @@ pub enum Settlement {
 /// A change to write to the held topic before the offsets behind it are
 /// committed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
+pub enum HoldWrite {
     /// The key's hold as it is now.
     Put(Hold),
     /// The key is let go (a tombstone).
@@ -458,7 +458,7 @@ pub enum HoldUpdate {
     /// Nothing to write.
     Unchanged,
     /// Write this.
-    Write(Change),
+    Write(HoldWrite),
     /// The key should be held, but `max_held_keys` are: it is not.
     Overflow,
 }

@@ -92,7 +92,7 @@ impl Rule {
 
 /// One limiter key's state, ms since the epoch.
 #[derive(Clone, Copy, Default)]
-struct State {
+struct KeyPace {
     /// Theoretical arrival times of the plan, per GCRA.
     plan: [f64; 2],
     /// Theoretical arrival times of the starts made, per GCRA.
@@ -101,7 +101,7 @@ struct State {
     paused_until: f64,
 }
 
-impl State {
+impl KeyPace {
     fn idle_at(&self, now: f64) -> bool {
         self.plan.iter().chain(&self.record).all(|t| *t <= now) && self.paused_until <= now
     }
@@ -111,7 +111,7 @@ impl State {
 /// worker uses its topic and limiter key).
 #[derive(Debug)]
 pub struct Pacer<K> {
-    keys: HashMap<K, State>,
+    keys: HashMap<K, KeyPace>,
     /// Keys held after the last sweep; the next sweep is due at twice that.
     swept_at: usize,
 }
@@ -125,7 +125,7 @@ impl<K> Default for Pacer<K> {
     }
 }
 
-impl std::fmt::Debug for State {
+impl std::fmt::Debug for KeyPace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,

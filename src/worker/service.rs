@@ -29,7 +29,7 @@ mod ready;
 mod stats;
 mod touch;
 
-use stats::{stats, Stats, TopicCounts};
+use stats::{stats, TopicCounts, WorkerCounters};
 pub use stats::{WorkerHandle, WorkerStats};
 
 use std::future::Future;
@@ -129,7 +129,7 @@ struct Owned {
 
 /// Mutable state shared by the poll thread and the handler tasks.
 #[derive(Default)]
-struct State {
+struct WorkerState {
     table: LockTable<Entry>,
     tracker: OffsetTracker,
     owned: HashMap<Tp, Owned>,
@@ -156,7 +156,7 @@ struct State {
     out_of_touch: bool,
 }
 
-impl State {
+impl WorkerState {
     /// Jobs read and not started: in the lock table, or waiting for their
     /// pacing turn.
     fn buffered(&self) -> usize {
@@ -179,7 +179,7 @@ struct Shared {
     group: String,
     concurrency: usize,
     handler: Arc<dyn Handler>,
-    state: Mutex<State>,
+    state: Mutex<WorkerState>,
     /// Signalled whenever a handler finishes.
     finished: Condvar,
     /// Held by the keep-alive thread from reading the commit points to the
@@ -215,7 +215,7 @@ struct Shared {
     stop: CancellationToken,
     /// The first fatal error met off the poll loop (in a rebalance callback).
     fatal: Mutex<Option<String>>,
-    stats: Stats,
+    stats: WorkerCounters,
 }
 
 impl Shared {
@@ -226,12 +226,16 @@ impl Shared {
         self.stop.cancel();
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, WorkerState> {
         self.state.locked()
     }
 
     /// Wait until a handler finishes, or `timeout`.
-    fn wait_finished<'a>(&self, st: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+    fn wait_finished<'a>(
+        &self,
+        st: MutexGuard<'a, WorkerState>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, WorkerState> {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let st = self.finished.waiting_at_most(st, timeout);
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -383,9 +387,9 @@ impl WorkerBuilder {
                 },
                 handler: Arc::new(handler),
                 held_now: holds.counter(),
-                state: Mutex::new(State {
+                state: Mutex::new(WorkerState {
                     holds,
-                    ..State::default()
+                    ..WorkerState::default()
                 }),
                 holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),
                 rules: w
@@ -406,9 +410,9 @@ impl WorkerBuilder {
                 runtime,
                 stop: CancellationToken::new(),
                 fatal: Mutex::new(None),
-                stats: Stats {
+                stats: WorkerCounters {
                     by_topic: w.topics.iter().map(|_| TopicCounts::default()).collect(),
-                    ..Stats::default()
+                    ..WorkerCounters::default()
                 },
                 cfg,
             }),

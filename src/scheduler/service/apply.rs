@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use super::applying::Next;
 use super::batch::{Claim, Named, PartitionBatch, ReadBatch};
 use super::direct;
+use super::lanes::Next;
 use super::persist::persist;
 use super::{SchedulerError, Shared};
 
@@ -92,7 +92,7 @@ fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState) -> Spel
     let every = direct::HOLD_AT_MOST / 4;
     let mut idle = 0;
     loop {
-        let next = shared.applying.lane(lane).take_within(every);
+        let next = shared.lanes.lane(lane).take_within(every);
         if matches!(next, Next::Idle) {
             idle += 1;
         } else {

@@ -221,7 +221,7 @@ pub(super) fn hand_over_old(shared: &Shared, lane: usize) -> Result<usize, Sched
     let before = now_ms.saturating_sub(HOLD_AT_MOST.as_millis() as i64);
     let jobs = shared
         .wheel()
-        .persist_direct_older(before, |p| shared.applying.of(p) == lane);
+        .persist_direct_older(before, |p| shared.lanes.of(p) == lane);
     if jobs.is_empty() {
         return Ok(0);
     }

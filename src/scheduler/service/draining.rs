@@ -105,7 +105,7 @@ impl Draining {
         if !shared.firing.wait_idle(parts, self.deadline) {
             warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
         }
-        if !shared.applying.wait_idle(self.deadline) {
+        if !shared.lanes.wait_idle(self.deadline) {
             warn!(partitions = ?parts, "batches read still being applied at the deadline; their records will be read again");
         }
         shared.owned.revoke(parts);

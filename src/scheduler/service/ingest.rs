@@ -9,7 +9,7 @@
 //! held in the window until the batch is applied). The batch's partitions
 //! then count as read this far (see
 //! [`CaughtUp`](crate::scheduler::caught_up::CaughtUp)), and it goes through
-//! [`Lanes`](super::applying::Lanes) to the apply thread of its partitions
+//! [`Lanes`](super::lanes::Lanes) to the apply thread of its partitions
 //! ([`apply`](super::apply)), which persists it and only then lets its
 //! offsets be committed (this thread hands them to the consumer).
 
@@ -26,7 +26,7 @@ use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
 use super::batch::{id_of, Claimed, ReadBatch, Record, BATCH_BYTES};
-use super::{fair_status, stats, Ctx, SchedulerError, Shared};
+use super::{fair_status, stats, SchedulerContext, SchedulerError, Shared};
 
 use super::direct::DirectOffsets;
 use crate::hash::HashMap;
@@ -37,7 +37,7 @@ use crate::{kafka, wire};
 
 /// A consumer error is logged; a fatal one (librdkafka gave up on the
 /// client) ends the read loop.
-fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), Ended> {
+fn consumer_error(consumer: &BaseConsumer<SchedulerContext>, e: &KafkaError) -> Result<(), Ended> {
     failed_for_good(consumer)?;
     warn!(error = %e, "schedule topic consumer");
     Ok(())
@@ -45,7 +45,7 @@ fn consumer_error(consumer: &BaseConsumer<Ctx>, e: &KafkaError) -> Result<(), En
 
 /// Whether librdkafka gave up on the consumer (its fatal error is not
 /// always handed out by a poll: it is asked for whenever a poll is idle).
-fn failed_for_good(consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
+fn failed_for_good(consumer: &BaseConsumer<SchedulerContext>) -> Result<(), Ended> {
     match consumer.client().fatal_error() {
         None => Ok(()),
         Some((code, reason)) => {
@@ -60,7 +60,7 @@ fn failed_for_good(consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
 }
 
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
-    let appliers = (0..shared.applying.len())
+    let appliers = (0..shared.lanes.len())
         .map(|lane| {
             let apply_shared = shared.clone();
             std::thread::Builder::new()
@@ -117,7 +117,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         }
     };
     // The batches read are applied before the last commit.
-    shared.applying.close();
+    shared.lanes.close();
     for applier in appliers {
         applier
             .join()
@@ -144,7 +144,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
 /// joining again; true if the scheduler was stopped meanwhile (the
 /// partitions are let go already, and there is no consumer left to commit
 /// with).
-fn out_of_the_group(shared: &Arc<Shared>, consumer: BaseConsumer<Ctx>, wait: Duration) -> bool {
+fn out_of_the_group(shared: &Arc<Shared>, consumer: BaseConsumer<SchedulerContext>, wait: Duration) -> bool {
     let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
     if !owned.is_empty() {
         super::draining::Draining::revoke(shared, owned, &consumer);
@@ -181,7 +181,7 @@ impl Fences {
 }
 
 /// The schedule topic's consumer, subscribed.
-fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError> {
+fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<SchedulerContext>, SchedulerError> {
     let cfg = &shared.cfg;
     let member = kafka::Membership {
         group: &cfg.scheduler.group_id,
@@ -190,11 +190,11 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<Ctx>, SchedulerError>
         // What a crash re-reads is what was stored since the last commit.
         auto_commit_every: Duration::from_millis(100),
     };
-    let consumer: BaseConsumer<Ctx> = kafka::consumer(
+    let consumer: BaseConsumer<SchedulerContext> = kafka::consumer(
         &cfg.kafka,
         &member,
         "kairos-scheduler",
-        Ctx {
+        SchedulerContext {
             shared: shared.clone(),
         },
     )?;
@@ -225,7 +225,7 @@ fn fatal(reason: &str) -> SchedulerError {
 
 /// Read batches and hand them to the apply threads until the scheduler stops
 /// or the consumer fails for good.
-fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), Ended> {
+fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) -> Result<(), Ended> {
     let cfg = &shared.cfg;
     // Most records read and waiting to be applied: beyond it reading waits.
     let most = 2 * cfg.scheduler.ingest_batch.max(1);
@@ -260,7 +260,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<Ctx>) -> Result<(), E
             }
             let batches = read_batch(shared, &msgs);
             msgs.clear();
-            shared.applying.push(batches, most);
+            shared.lanes.push(batches, most);
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(consumer);
@@ -285,7 +285,7 @@ const LAG_EVERY: Duration = Duration::from_secs(5);
 
 /// Per owned partition, records not yet read: the broker's end offset less
 /// the consumer's position (one request per partition).
-fn measure_lag(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+fn measure_lag(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
     let mut lag = HashMap::default();
     if let Ok(pos) = consumer.position() {
         for e in pos.elements() {
@@ -302,7 +302,7 @@ fn measure_lag(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
     *shared.stats.schedule_lag.locked() = lag;
 }
 
-fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
+fn report(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
     let st = stats(shared);
     let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
     measure_lag(shared, consumer);
@@ -321,10 +321,10 @@ fn report(shared: &Shared, consumer: &BaseConsumer<Ctx>) {
 /// and claim the jobs it names. From then on no job the batch changes can
 /// fire unchanged, so the partitions count as read this far and jobs due up
 /// to here may fire, without waiting for the batch to be persisted. Returns
-/// one batch per apply lane (see [`Lanes`](super::applying::Lanes)).
+/// one batch per apply lane (see [`Lanes`](super::lanes::Lanes)).
 pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<ReadBatch> {
     let cfg = &shared.cfg;
-    let lanes = &shared.applying;
+    let lanes = &shared.lanes;
     let mut out: Vec<ReadBatch> = (0..lanes.len())
         .map(|_| ReadBatch {
             records: Vec::with_capacity(msgs.len() / lanes.len() + 1),

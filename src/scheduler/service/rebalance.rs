@@ -18,13 +18,13 @@ use crate::kafka;
 use crate::scheduler::changelog;
 
 /// The consumer context: the rebalance callbacks.
-pub(super) struct Ctx {
+pub(super) struct SchedulerContext {
     pub(super) shared: Arc<Shared>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for SchedulerContext {}
 
-impl ConsumerContext for Ctx {
+impl ConsumerContext for SchedulerContext {
     fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
         kafka::log_commit("scheduler", &result, offsets);
     }
@@ -107,7 +107,7 @@ impl ConsumerContext for Ctx {
 /// whichever is further.
 pub(super) fn reading_from(
     shared: &Shared,
-    consumer: &BaseConsumer<Ctx>,
+    consumer: &BaseConsumer<SchedulerContext>,
     parts: &[i32],
 ) -> Result<Vec<(i64, i64)>, SchedulerError> {
     let topic = &shared.cfg.topics.schedule;

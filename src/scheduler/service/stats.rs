@@ -9,7 +9,7 @@ use crate::hash::HashMap;
 
 /// Counters, for status lines and tests.
 #[derive(Default)]
-pub(super) struct Stats {
+pub(super) struct SchedulerCounters {
     pub(super) ingested: AtomicU64,
     pub(super) fired: AtomicU64,
     pub(super) fired_direct: AtomicU64,

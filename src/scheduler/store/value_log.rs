@@ -124,7 +124,7 @@ pub struct ValueLog {
     files: RwLock<HashMap<u32, Arc<File>>>,
     /// Taken for reading by [`Pin`]s, for writing to delete segments.
     pins: RwLock<()>,
-    state: Mutex<State>,
+    state: Mutex<LogState>,
     /// Held through a sync: a sync that finds nothing unsynced because
     /// another is still fsyncing the segments must wait for it to end. Keeps
     /// the first failed fsync (segment, reason): Linux may mark the pages
@@ -133,7 +133,7 @@ pub struct ValueLog {
     syncing: Mutex<Option<(PathBuf, String)>>,
 }
 
-struct State {
+struct LogState {
     /// A head is sealed once it holds this many bytes.
     segment_bytes: u64,
     head: u32,
@@ -191,7 +191,7 @@ impl ValueLog {
             files: RwLock::new(files),
             pins: RwLock::new(()),
             syncing: Mutex::new(None),
-            state: Mutex::new(State {
+            state: Mutex::new(LogState {
                 segment_bytes: SEGMENT_BYTES,
                 head: max_id,
                 head_len: 0,
@@ -205,7 +205,7 @@ impl ValueLog {
         Ok(log)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, LogState> {
         self.state.locked()
     }
 
@@ -214,7 +214,7 @@ impl ValueLog {
     }
 
     /// Seal the head and start a new one.
-    fn roll(&self, st: &mut State) -> Result<(), LogError> {
+    fn roll(&self, st: &mut LogState) -> Result<(), LogError> {
         let id = st.head + 1;
         let path = self.path(id);
         let f = std::fs::OpenOptions::new()

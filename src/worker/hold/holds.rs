@@ -2,7 +2,7 @@
 //! parked, and what each settlement changes (the types are the parent's).
 
 use super::{
-    first_number, Admit, Blocker, Change, Hold, HoldUpdate, Settlement, BACK_OFF_MAX_MS, BACK_TOO_SOON_MS,
+    first_number, Admit, Blocker, Hold, HoldUpdate, HoldWrite, Settlement, BACK_OFF_MAX_MS, BACK_TOO_SOON_MS,
     GIVE_UP_MS, MAX_WAIT_MS, NEVER, NO_OFFSET, WAIT_MS,
 };
 use crate::hash::HashMap;
@@ -355,7 +355,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                     park: seq.and_then(std::num::NonZeroU64::new),
                     arrived: false,
                 });
-                HoldUpdate::Write(Change::Put(h.clone()))
+                HoldUpdate::Write(HoldWrite::Put(h.clone()))
             }
             Settlement::Finished => {
                 if self.len == 0 {
@@ -381,9 +381,9 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
                 }
                 if h.done() {
                     self.remove(partition, &job.key);
-                    HoldUpdate::Write(Change::Let)
+                    HoldUpdate::Write(HoldWrite::Let)
                 } else if changed {
-                    HoldUpdate::Write(Change::Put(h.clone()))
+                    HoldUpdate::Write(HoldWrite::Put(h.clone()))
                 } else {
                     HoldUpdate::Unchanged
                 }
@@ -394,7 +394,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
     /// An operator released `key`, held by job `id`: the key's jobs no
     /// longer wait for it, and its next run is dead-lettered when it comes
     /// back. `None` when `id` does not hold `key` here.
-    pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<Change> {
+    pub fn release(&mut self, partition: P, key: &[u8], id: JobId) -> Option<HoldWrite> {
         let h = self.get_mut(partition, key)?;
         let b = h.blocker.take_if(|b| b.id == id)?;
         if let Some(s) = b.seq().filter(|s| *s > h.done_seq) {
@@ -403,7 +403,7 @@ impl<P: Copy + Eq + std::hash::Hash> Holds<P> {
             h.admitted_seq = h.admitted_seq.max(s);
         }
         h.set_released(Some(id));
-        Some(Change::Put(h.clone()))
+        Some(HoldWrite::Put(h.clone()))
     }
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::JobId;
 use crate::wire::OwnedRecord;
 
-use super::{Blocker, Change, Hold, Rare, Skip, NEVER, NO_OFFSET};
+use super::{Blocker, Hold, HoldWrite, Rare, Skip, NEVER, NO_OFFSET};
 
 /// The held-topic record key of `key` on work topic `topic`, written under
 /// `claim`.
@@ -39,13 +39,13 @@ pub fn split_key(record_key: &[u8]) -> Option<(Option<u64>, &str, &[u8])> {
 
 /// The record of `change` to `key` of `topic` under `claim`, for held
 /// topic `held`.
-pub fn record(held: &str, claim: Option<u64>, topic: &str, key: &[u8], change: &Change) -> OwnedRecord {
+pub fn record(held: &str, claim: Option<u64>, topic: &str, key: &[u8], change: &HoldWrite) -> OwnedRecord {
     OwnedRecord {
         topic: held.to_string(),
         key: record_key(claim, topic, key),
         value: match change {
-            Change::Put(h) => Some(serde_json::to_vec(h).expect("a hold serializes")),
-            Change::Let => None,
+            HoldWrite::Put(h) => Some(serde_json::to_vec(h).expect("a hold serializes")),
+            HoldWrite::Let => None,
         },
         headers: Vec::new(),
     }
@@ -160,14 +160,14 @@ mod tests {
             rare: None,
             parked_to: 41,
         };
-        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(hold.clone()));
+        let rec = record("kairos.held", None, "crawl", b"k", &HoldWrite::Put(hold.clone()));
         let back = decode(rec.value.as_deref()).unwrap().unwrap();
         assert_eq!(back.parked_to, 41, "kept");
         assert!(!back.blocker.as_ref().unwrap().arrived, "not kept");
         assert_eq!((back.admitted_seq, back.done_seq, back.last_seq), (0, 1, 4));
         assert_eq!(back.blocker.unwrap().id, hold.blocker.unwrap().id);
         assert_eq!(decode(None).unwrap(), None);
-        let tomb = record("kairos.held", None, "crawl", b"k", &Change::Let);
+        let tomb = record("kairos.held", None, "crawl", b"k", &HoldWrite::Let);
         assert_eq!(tomb.value, None);
         assert!(decode(Some(b"{")).is_err());
     }
@@ -181,7 +181,7 @@ mod tests {
             parked_to: NO_OFFSET,
             ..back
         };
-        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(none));
+        let rec = record("kairos.held", None, "crawl", b"k", &HoldWrite::Put(none));
         let text = String::from_utf8(rec.value.unwrap()).unwrap();
         assert!(!text.contains("parked_to"), "left out when none: {text}");
     }
@@ -196,7 +196,7 @@ mod tests {
         assert_eq!(back.released().map(|r| r.to_string()), Some(id.to_string()));
         assert_eq!(back.skipped(), [Skip { after: 3, upto: 6 }]);
         assert!(!back.skip_unwritten());
-        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(back.clone()));
+        let rec = record("kairos.held", None, "crawl", b"k", &HoldWrite::Put(back.clone()));
         assert_eq!(
             String::from_utf8(rec.value.unwrap()).unwrap(),
             text,
@@ -206,7 +206,7 @@ mod tests {
         let mut plain = back;
         plain.set_released(None);
         plain.rare.as_mut().unwrap().skipped.clear();
-        let rec = record("kairos.held", None, "crawl", b"k", &Change::Put(plain));
+        let rec = record("kairos.held", None, "crawl", b"k", &HoldWrite::Put(plain));
         let text = String::from_utf8(rec.value.unwrap()).unwrap();
         assert!(!text.contains("released") && !text.contains("skipped"), "{text}");
         assert_eq!(decode(Some(text.as_bytes())).unwrap().unwrap().rare, None);

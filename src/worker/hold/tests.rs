@@ -94,7 +94,7 @@ fn simulate(log: Vec<Job>, mut fail: BTreeMap<u32, u32>) -> (Vec<u32>, Holds<i32
                     };
                     park(b.clone(), seq, at_ms, &mut scheduler);
                 }
-            } else if update == HoldUpdate::Write(Change::Let) {
+            } else if update == HoldUpdate::Write(HoldWrite::Let) {
                 fifo.extend(waiting.drain(..));
             }
             continue;
@@ -152,7 +152,7 @@ fn a_job_written_while_parked_jobs_are_out_is_parked_behind_them() {
     assert_eq!(holds.admit(P, &j1, 0), Admit::Run);
     assert!(matches!(
         holds.settled(P, &j1, again(500), 0),
-        HoldUpdate::Write(Change::Put(_))
+        HoldUpdate::Write(HoldWrite::Put(_))
     ));
     let p2 = holds.admit(P, &j2, 10);
     assert_eq!(
@@ -164,7 +164,7 @@ fn a_job_written_while_parked_jobs_are_out_is_parked_behind_them() {
     let mut retry = j1.clone();
     retry.attempt = 2;
     assert_eq!(holds.admit(P, &retry, 500), Admit::Run);
-    let HoldUpdate::Write(Change::Put(h)) = holds.settled(P, &retry, Settlement::Finished, 510) else {
+    let HoldUpdate::Write(HoldWrite::Put(h)) = holds.settled(P, &retry, Settlement::Finished, 510) else {
         panic!("the blocker is done: written")
     };
     assert_eq!((h.blocker.is_none(), h.parked()), (true, 1));
@@ -175,7 +175,7 @@ fn a_job_written_while_parked_jobs_are_out_is_parked_behind_them() {
     assert_eq!(holds.admit(P, &back2, 530), Admit::Run);
     assert_eq!(
         holds.settled(P, &back2, Settlement::Finished, 540),
-        HoldUpdate::Write(Change::Let),
+        HoldUpdate::Write(HoldWrite::Let),
         "the key is let go: job 3 runs"
     );
     assert!(holds.is_empty());
@@ -311,7 +311,7 @@ fn a_released_key_runs_its_jobs_and_dead_letters_its_blocker_when_it_comes_back(
     let j1 = job("k", 1);
     holds.settled(P, &j1, again(60_000), 0);
     assert_eq!(holds.release(P, b"k", JobId::new()), None, "another job");
-    let Some(Change::Put(h)) = holds.release(P, b"k", j1.id) else {
+    let Some(HoldWrite::Put(h)) = holds.release(P, b"k", j1.id) else {
         panic!("released")
     };
     assert!(!h.holds());
@@ -321,7 +321,7 @@ fn a_released_key_runs_its_jobs_and_dead_letters_its_blocker_when_it_comes_back(
     assert_eq!(holds.admit(P, &retry, 500), Admit::Released);
     assert_eq!(
         holds.settled(P, &retry, Settlement::Finished, 30),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
 }
 

@@ -14,14 +14,14 @@ use rdkafka::TopicPartitionList;
 
 use super::keeper::{self, ParkedJob};
 use super::offsets::{claimed, finish_in, write_in_background};
-use super::{Entry, Shared, State, Tp, WorkerError};
+use super::{Entry, Shared, Tp, WorkerError, WorkerState};
 
 use crate::config::OnFailure;
 use crate::hash::HashMap;
 use crate::job::{Job, JobId};
 use crate::kafka;
 use crate::wire::OwnedRecord;
-use crate::worker::hold::{claim, record, Admit, Cause, Change, HoldUpdate, Settlement};
+use crate::worker::hold::{claim, record, Admit, Cause, HoldUpdate, HoldWrite, Settlement};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
@@ -101,7 +101,7 @@ pub(super) fn load<C: ConsumerContext>(
                         Some(claims[&tp]),
                         topic,
                         &key,
-                        &Change::Put(h.to_write()),
+                        &HoldWrite::Put(h.to_write()),
                     );
                     rewrite.push((rec, Some(tp.1)));
                     written.push((tp, key));
@@ -208,7 +208,7 @@ fn tombstone(shared: &Shared, key: Vec<u8>) -> OwnedRecord {
 /// the lock table (the caller buffers them), the others are parked.
 pub(super) fn admit(
     shared: &Shared,
-    st: &mut State,
+    st: &mut WorkerState,
     e: Entry,
     now_ms: i64,
     parks: &mut Vec<ParkedJob>,
@@ -222,7 +222,7 @@ pub(super) fn admit(
         finish_in(st, e.tp, e.offset, None);
         return None;
     }
-    let gave_up = |st: &State| st.holds.get(e.tp, &e.job.key).map_or(0, |h| h.gave_up);
+    let gave_up = |st: &WorkerState| st.holds.get(e.tp, &e.job.key).map_or(0, |h| h.gave_up);
     let before = gave_up(st);
     let admit = st.holds.admit(e.tp, &e.job, now_ms);
     if gave_up(st) > before {
@@ -260,14 +260,14 @@ pub(super) fn admit(
 
 /// An earlier run of the job holding its key, read again or delivered
 /// twice: finished without running (its failure holds the key already).
-fn stale(st: &mut State, e: &Entry) {
+fn stale(st: &mut WorkerState, e: &Entry) {
     debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset, attempt = e.job.attempt,
         "an earlier run of the job holding its key: finished without running");
     finish_in(st, e.tp, e.offset, None);
 }
 
 /// Park jobs that waited in memory behind `tp`'s held key, in their order.
-fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJob>) {
+fn park_all(st: &mut WorkerState, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJob>) {
     let jobs: Vec<&Job> = entries.iter().map(|e| &e.job).collect();
     let admits = st.holds.park_waiting(tp, &jobs);
     for (e, a) in entries.into_iter().zip(admits) {
@@ -279,14 +279,14 @@ fn park_all(st: &mut State, tp: Tp, entries: Vec<Entry>, parks: &mut Vec<ParkedJ
 
 /// A job read before its run-at on a holdable partition, handed to the
 /// scheduler by the keeper (not parked: no sequence, its run-at kept).
-pub(super) fn handed_over(st: &mut State, e: Entry) -> ParkedJob {
+pub(super) fn handed_over(st: &mut WorkerState, e: Entry) -> ParkedJob {
     debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
         "read before its run-at; handed to the scheduler");
     for_keeper(st, e.job, e.tp, e.offset, false)
 }
 
 /// A parked job as the keeper writes it.
-fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u64, at_ms: i64) -> ParkedJob {
+fn parked(st: &mut WorkerState, mut job: Job, tp: Tp, offset: i64, seq: u64, at_ms: i64) -> ParkedJob {
     // Read as written, or a copy parked under an earlier hold of its key
     // (given a number of this one): its offset counts in `Hold::parked_to`.
     let fresh = job.parked.is_none_or(|s| s != seq);
@@ -304,7 +304,7 @@ fn parked(st: &mut State, mut job: Job, tp: Tp, offset: i64, seq: u64, at_ms: i6
 /// `job`, read from `tp` at `offset`, for the keeper to write under the
 /// partition's current ownership; the partition's in-flight count covers
 /// it until written.
-fn for_keeper(st: &mut State, job: Job, tp: Tp, offset: i64, fresh: bool) -> ParkedJob {
+fn for_keeper(st: &mut WorkerState, job: Job, tp: Tp, offset: i64, fresh: bool) -> ParkedJob {
     *st.in_flight.entry(tp).or_insert(0) += 1;
     let generation = st.owned.get(&tp).map_or(0, |o| o.generation);
     ParkedJob {
@@ -319,7 +319,7 @@ fn for_keeper(st: &mut State, job: Job, tp: Tp, offset: i64, fresh: bool) -> Par
 
 /// After `key`'s running job settled: if its key is now held, take its
 /// buffered jobs out of the lock table to park them.
-pub(super) fn park_buffered(st: &mut State, tp: Tp, key: &[u8], parks: &mut Vec<ParkedJob>) {
+pub(super) fn park_buffered(st: &mut WorkerState, tp: Tp, key: &[u8], parks: &mut Vec<ParkedJob>) {
     if !st.holds.parks_buffered(tp, key) {
         return;
     }
@@ -375,7 +375,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
         park_buffered(&mut st, tp, &job.key, &mut parks);
         let waiting = st.waiting.remove(&(tp, job.key.clone())).unwrap_or_default();
         match &update {
-            HoldUpdate::Write(Change::Let) => {
+            HoldUpdate::Write(HoldWrite::Let) => {
                 for e in waiting {
                     st.table.push(e);
                 }
@@ -398,7 +398,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
             true
         }
         HoldUpdate::Write(change) => {
-            if let Change::Put(h) = &change {
+            if let HoldWrite::Put(h) = &change {
                 if let Some(b) = h.blocker.as_ref().filter(|b| b.id == job.id) {
                     info!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, attempt = b.attempt,
                         cause = ?b.cause, held_ms = now_ms - h.since_ms, "key held");

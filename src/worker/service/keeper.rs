@@ -21,7 +21,7 @@ use crate::hash::HashSet;
 use crate::job::Job;
 use crate::kafka;
 use crate::wire::{self, OwnedRecord};
-use crate::worker::hold::{record, Change, Skip};
+use crate::worker::hold::{record, HoldWrite, Skip};
 use crate::worker::service::offsets::finish_in;
 
 /// A job parked behind its held key (its park sequence and run-at are
@@ -193,7 +193,7 @@ pub(super) async fn send(shared: &Shared, records: &[Pinned]) -> Result<(), Stri
 }
 
 /// Whether `tp` is still owned as it was when a request was made.
-fn owned(st: &super::State, tp: &Tp, generation: u64) -> bool {
+fn owned(st: &super::WorkerState, tp: &Tp, generation: u64) -> bool {
     st.owned.get(tp).is_some_and(|o| o.generation == generation)
 }
 
@@ -254,8 +254,8 @@ fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .map(|(tp, key)| {
             let change = match st.holds.get(*tp, key) {
-                Some(h) => Change::Put(h.to_write()),
-                None => Change::Let,
+                Some(h) => HoldWrite::Put(h.to_write()),
+                None => HoldWrite::Let,
             };
             hold_record(shared, &st, *tp, key, &change)
         })
@@ -273,7 +273,7 @@ fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .filter_map(|(tp, key)| {
             let h = st.holds.get(*tp, key).filter(|h| h.skip_unwritten())?;
-            let rec = hold_record(shared, &st, *tp, key, &Change::Put(h.to_write()));
+            let rec = hold_record(shared, &st, *tp, key, &HoldWrite::Put(h.to_write()));
             Some((rec, (*tp, key.clone(), h.skipped().last().copied())))
         })
         .unzip()
@@ -296,7 +296,7 @@ fn skips_written(shared: &Shared, written: &[SkipOf]) {
 
 /// `key`'s hold record (held-topic partition = work partition), under
 /// the partition's claim.
-fn hold_record(shared: &Shared, st: &super::State, tp: Tp, key: &[u8], change: &Change) -> Pinned {
+fn hold_record(shared: &Shared, st: &super::WorkerState, tp: Tp, key: &[u8], change: &HoldWrite) -> Pinned {
     let claim = st.owned.get(&tp).and_then(|o| o.claim);
     let rec = record::record(&shared.cfg.topics.held, claim, &shared.topics[tp.0], key, change);
     (rec, Some(tp.1))

@@ -10,7 +10,7 @@ use tracing::warn;
 
 use rdkafka::TopicPartitionList;
 
-use super::{Shared, State, Stats, Tp};
+use super::{Shared, Tp, WorkerCounters, WorkerState};
 
 use crate::worker::hold::claim;
 
@@ -27,7 +27,7 @@ pub(super) fn write_in_background<F, Fut, T, E>(
     shared: &Arc<Shared>,
     tp: Tp,
     offset: i64,
-    counter: fn(&Stats) -> &AtomicU64,
+    counter: fn(&WorkerCounters) -> &AtomicU64,
     mut write: F,
 ) where
     F: FnMut() -> Fut + Send + 'static,
@@ -71,7 +71,7 @@ pub(super) fn write_in_background<F, Fut, T, E>(
 
 /// Mark a record finished; if it belongs to the current ownership of its
 /// partition, its commit point may advance.
-pub(super) fn finish_in(st: &mut State, tp: Tp, offset: i64, generation: Option<u64>) {
+pub(super) fn finish_in(st: &mut WorkerState, tp: Tp, offset: i64, generation: Option<u64>) {
     let current = st.owned.get(&tp).map(|o| o.generation);
     if current.is_none() || (generation.is_some() && generation != current) {
         return;
@@ -85,7 +85,7 @@ pub(super) fn finish_in(st: &mut State, tp: Tp, offset: i64, generation: Option<
 /// one: every commit of a holdable partition names its owner's claim.
 pub(super) fn offset_to_commit(
     shared: &Shared,
-    st: &State,
+    st: &WorkerState,
     tpl: &mut TopicPartitionList,
     tp: Tp,
     offset: i64,

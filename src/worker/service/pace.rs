@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{Entry, Shared, State, Tp};
+use super::{Entry, Shared, Tp, WorkerState};
 
 use crate::worker::hold::Cause;
 use crate::worker::pacing::Pacer;
@@ -72,7 +72,7 @@ impl Paced {
 
 /// Whether `entry` may start now: `Some(entry)` to start it (perhaps as a
 /// deferral through the scheduler), `None` when it waits here for its turn.
-pub(super) fn gate(shared: &Shared, st: &mut State, mut entry: Entry, now_ms: i64) -> Option<Entry> {
+pub(super) fn gate(shared: &Shared, st: &mut WorkerState, mut entry: Entry, now_ms: i64) -> Option<Entry> {
     let Some(rules) = &shared.rules[entry.tp.0] else {
         return Some(entry);
     };

@@ -22,13 +22,13 @@ use crate::sync::Lock;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
-pub(super) struct Ctx {
+pub(super) struct WorkerContext {
     pub(super) shared: Arc<Shared>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for WorkerContext {}
 
-impl ConsumerContext for Ctx {
+impl ConsumerContext for WorkerContext {
     fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, offsets: &TopicPartitionList) {
         kafka::log_commit("worker", &result, offsets);
         if result.is_ok() {
@@ -100,7 +100,7 @@ impl ConsumerContext for Ctx {
 /// Let go of partitions: drop their buffered jobs, cancel their running
 /// handlers, wait for them up to the revocation deadline, commit what is
 /// finished, forget them.
-pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) {
+pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tps: &[Tp]) {
     let deadline = Instant::now() + shared.cfg.worker.revocation_deadline;
     let mut st = shared.state();
     let mut dropped = 0;
@@ -169,11 +169,11 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         // librdkafka's timer only commits again what a failed commit left.
         auto_commit_every: Duration::from_secs(1),
     };
-    let consumer: Arc<BaseConsumer<Ctx>> = Arc::new(kafka::consumer(
+    let consumer: Arc<BaseConsumer<WorkerContext>> = Arc::new(kafka::consumer(
         &shared.cfg.kafka,
         &member,
         "kairos-worker",
-        Ctx {
+        WorkerContext {
             shared: shared.clone(),
         },
     )?);
@@ -279,7 +279,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// second, only retries what a failed commit left (with both at 100 ms a
 /// busy worker sent up to twenty commits a second, each a write of the
 /// group on the coordinator).
-pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<Ctx>, commits: &mut Commits) {
+pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, commits: &mut Commits) {
     let mut tpl = TopicPartitionList::new();
     {
         let mut st = shared.state();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::pace;
-use super::{Entry, Shared, State};
+use super::{Entry, Shared, WorkerState};
 
 /// A job taken from the lock table to run.
 pub(super) struct Start {
@@ -21,7 +21,7 @@ pub(super) struct Start {
 
 /// Take as many ready jobs as free slots allow (paced jobs whose turn came
 /// first); the caller runs them.
-pub(super) fn start_ready(shared: &Shared, st: &mut State) -> Vec<Start> {
+pub(super) fn start_ready(shared: &Shared, st: &mut WorkerState) -> Vec<Start> {
     let mut starts = Vec::new();
     if !shared.in_touch(st) {
         return starts;

@@ -7,7 +7,7 @@ use super::Shared;
 
 /// Counters of what the worker did.
 #[derive(Default)]
-pub(super) struct Stats {
+pub(super) struct WorkerCounters {
     pub(super) started: AtomicU64,
     pub(super) succeeded: AtomicU64,
     pub(super) retried: AtomicU64,

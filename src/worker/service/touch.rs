@@ -10,7 +10,7 @@ use rdkafka::TopicPartitionList;
 use tracing::debug;
 
 use super::offsets::offset_to_commit;
-use super::{ready, Shared, State};
+use super::{ready, Shared, WorkerState};
 use crate::sync::Lock;
 
 impl Shared {
@@ -21,7 +21,7 @@ impl Shared {
     /// the partitions go to another worker): a job it started then could
     /// run beside the new owner's run of the same key. Such a worker keeps
     /// what it has buffered and starts it once an answer comes.
-    pub(super) fn in_touch(&self, st: &mut State) -> bool {
+    pub(super) fn in_touch(&self, st: &mut WorkerState) -> bool {
         if !self.out_of_touch(st) {
             return true;
         }
@@ -36,7 +36,7 @@ impl Shared {
 
     /// Whether the group coordinator has not answered for half the session
     /// timeout (see [`Shared::in_touch`]).
-    pub(super) fn out_of_touch(&self, st: &State) -> bool {
+    pub(super) fn out_of_touch(&self, st: &WorkerState) -> bool {
         let window = self.cfg.worker.session_timeout / 2;
         st.heard.is_none_or(|t| t.elapsed() >= window)
     }

@@ -110,7 +110,7 @@ fn a_parked_copy_of_the_blockers_next_run_counts_its_number_in_its_turn() {
     assert_eq!(holds.admit(P, &back3, 3_060), Admit::Run, "no number is missing");
     assert_eq!(
         holds.settled(P, &back3, Settlement::Finished, 3_070),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
 }
 
@@ -132,7 +132,7 @@ fn a_copy_parked_under_an_earlier_hold_of_its_key_is_a_job_like_any_other() {
     assert_eq!(holds.admit(P, &back1, 1_010), Admit::Run);
     assert_eq!(
         holds.settled(P, &back1, Settlement::Finished, 1_020),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
     // A second hold of the key numbers its parks apart.
     holds.settled(P, &j2, again(9_000), 5_000);
@@ -217,7 +217,7 @@ fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
     // its place (number 1).
     let back1 = back(&j1, p1);
     assert_eq!(holds.admit(P, &back1, 1_100), Admit::Run);
-    let HoldUpdate::Write(Change::Put(written)) = holds.settled(P, &back1, again(3_000), 1_110) else {
+    let HoldUpdate::Write(HoldWrite::Put(written)) = holds.settled(P, &back1, again(3_000), 1_110) else {
         panic!("held again: written")
     };
     // Its worker dies; the next owner reads the hold back. Job 1's retry
@@ -230,7 +230,7 @@ fn a_parked_job_holding_its_key_keeps_its_place_when_the_hold_is_read_back() {
     assert_eq!(next.admit(P, &back(&j2, p2), 3_020), Admit::Run, "job 2 is next");
     assert_eq!(
         next.settled(P, &back(&j2, p2), Settlement::Finished, 3_030),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
 }
 
@@ -301,7 +301,7 @@ fn a_parked_job_run_twice_does_not_hold_its_key_again_when_its_second_run_fails(
     assert_eq!(holds.admit(P, &back(&j2, p2), 1_060), Admit::Run);
     assert_eq!(
         holds.settled(P, &back(&j2, p2), Settlement::Finished, 1_070),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
 }
 

@@ -85,7 +85,7 @@ fn numbers_a_previous_owner_may_have_given_without_writing_them_down_are_not_giv
     assert_eq!(next.admit(P, &orphan, 5_040), Admit::Run);
     assert_eq!(
         next.settled(P, &orphan, Settlement::Finished, 5_050),
-        HoldUpdate::Write(Change::Let),
+        HoldUpdate::Write(HoldWrite::Let),
         "no number is missing"
     );
 }
@@ -106,7 +106,7 @@ fn an_owner_reading_back_a_hold_read_back_before_passes_over_that_owners_numbers
     second.load(P, b"k", Some(written));
     let h = second.get(P, b"k").expect("held");
     assert!(h.skip_unwritten());
-    let rec = record::record("held", None, "t", b"k", &Change::Put(h.to_write()));
+    let rec = record::record("held", None, "t", b"k", &HoldWrite::Put(h.to_write()));
     let read = record::decode(rec.value.as_deref()).unwrap().expect("a hold");
     assert_eq!(
         read.skipped(),
@@ -177,7 +177,7 @@ fn an_owner_reading_back_a_hold_read_back_before_passes_over_that_owners_numbers
     assert_eq!(third.admit(P, &back2, 2_020), Admit::Run);
     assert_eq!(
         third.settled(P, &back2, Settlement::Finished, 2_030),
-        HoldUpdate::Write(Change::Let)
+        HoldUpdate::Write(HoldWrite::Let)
     );
     // A hold written since its last skip (number 5 past it) gets one more.
     let h = Hold {
