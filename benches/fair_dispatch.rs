@@ -96,19 +96,17 @@ use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Broker;
+use common::{Broker, ChildGuard};
 use kairos::scheduler::{Scheduler, SchedulerHandle};
 use kairos::wire::{self, OwnedRecord};
 use kairos::worker::{Handler, JobContext, Outcome, Worker, WorkerHandle};
 use kairos::{Config, Job, Producer};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-use rdkafka::types::RDKafkaErrorCode;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -230,20 +228,11 @@ impl Bulk {
     }
 
     fn send(&mut self, rec: &OwnedRecord) {
-        let mut r = BaseRecord::<[u8], [u8]>::to(&rec.topic)
+        let r = BaseRecord::<[u8], [u8]>::to(&rec.topic)
             .key(&rec.key[..])
             .payload(rec.value.as_deref().unwrap_or_default())
             .headers(rec.kafka_headers());
-        loop {
-            match self.producer.send(r) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    r = back;
-                    self.producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => panic!("producing to {}: {e}", rec.topic),
-            }
-        }
+        support::send_queued(&self.producer, r, Duration::from_millis(5));
         self.sent += 1;
         if self.sent.is_multiple_of(1000) {
             self.producer.poll(Duration::ZERO);
@@ -797,15 +786,8 @@ fn delay(rt: &Runtime, summary: &mut Vec<String>) {
 
 /// A `kairos scheduler` process, killed when dropped.
 struct Proc {
-    child: Child,
+    child: ChildGuard,
     log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Proc {
@@ -825,7 +807,10 @@ impl Proc {
             .stderr(Stdio::from(out))
             .spawn()
             .expect("spawn kairos scheduler");
-        Proc { child, log }
+        Proc {
+            child: ChildGuard(child),
+            log,
+        }
     }
 
     fn mem(&self) -> Mem {

@@ -50,14 +50,14 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
-use common::Broker;
+use common::{Broker, ChildGuard};
 use kairos::scheduler::store::{Change, Store};
 use kairos::scheduler::stored::StoredJob;
 use kairos::wire::header;
@@ -258,18 +258,11 @@ impl Watcher {
 
 /// A `kairos scheduler` process, killed with SIGKILL when dropped.
 struct Proc {
-    child: Child,
+    child: ChildGuard,
     /// Wall-clock time it was spawned (to place its log lines).
     spawned_wall: DateTime<Utc>,
     spawned: Instant,
     log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn spawn(cfg_path: &Path, log: PathBuf) -> Proc {
@@ -286,7 +279,7 @@ fn spawn(cfg_path: &Path, log: PathBuf) -> Proc {
         .spawn()
         .expect("spawn kairos scheduler");
     Proc {
-        child,
+        child: ChildGuard(child),
         spawned_wall,
         spawned,
         log,

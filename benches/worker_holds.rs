@@ -53,9 +53,7 @@ use kairos::config::OnFailure;
 use kairos::scheduler::Scheduler;
 use kairos::worker::{JobContext, Outcome, Worker, WorkerHandle};
 use kairos::{Config, Job};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
 
 const KEYS: u64 = 10_000;
@@ -73,17 +71,8 @@ fn fill(cfg: &Config, topic: &str, n: u64, keys: u64) {
     let producer: BaseProducer = c.create().expect("fill producer");
     for i in 0..n {
         let (key, payload) = (format!("key-{}", i % keys), i.to_string());
-        let mut rec = BaseRecord::to(topic).key(key.as_str()).payload(payload.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => panic!("producing to {topic}: {e}"),
-            }
-        }
+        let rec = BaseRecord::to(topic).key(key.as_str()).payload(payload.as_str());
+        support::send_queued(&producer, rec, Duration::from_millis(10));
     }
     producer.flush(Duration::from_secs(300)).expect("flush");
 }

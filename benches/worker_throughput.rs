@@ -65,9 +65,7 @@ use kairos::worker::{JobContext, Outcome, Worker};
 use kairos::{Config, Job};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Message as _;
 use support::knobs;
 use tokio::runtime::Runtime;
@@ -156,17 +154,8 @@ fn fill(cfg: &Config, topic: &str, records: impl Iterator<Item = (String, String
     let producer: BaseProducer = c.create().expect("fill producer");
     let mut n = 0u64;
     for (key, payload) in records {
-        let mut rec = BaseRecord::to(topic).key(key.as_str()).payload(payload.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => panic!("producing to {topic}: {e}"),
-            }
-        }
+        let rec = BaseRecord::to(topic).key(key.as_str()).payload(payload.as_str());
+        support::send_queued(&producer, rec, Duration::from_millis(10));
         n += 1;
         if n.is_multiple_of(1000) {
             producer.poll(Duration::ZERO);

@@ -38,12 +38,12 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
 use common::events;
-use common::{read_up_to, record_count, wait_for, Broker};
+use common::{read_up_to, record_count, wait_for, Broker, ChildGuard};
 use kairos::config::GroupProtocol;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Job, JobId, Producer};
@@ -56,7 +56,7 @@ use std::future::IntoFuture;
 /// goes to `<logs>/<role>-<pid>.log`, kept when the suite fails (or when
 /// `KAIROS_KEEP_LOGS` is set).
 struct Proc {
-    child: Child,
+    child: ChildGuard,
     args: Vec<String>,
     env: Vec<(String, String)>,
     logs: PathBuf,
@@ -81,7 +81,7 @@ impl Proc {
         let named = logs.join(format!("{}-{}.log", args[2], child.id()));
         log.persist(&named).expect("log file");
         Proc {
-            child,
+            child: ChildGuard(child),
             args,
             env,
             logs,
@@ -132,13 +132,6 @@ impl Drop for Logs {
                 eprintln!("{} kept in {}", self.1, dir.keep().display());
             }
         }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,10 +9,10 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{events, wait_for, Broker};
+use common::{events, wait_for, Broker, ChildGuard};
 use kairos::config::GroupProtocol;
 use kairos::{Config, Job, JobId, Producer};
 
@@ -21,7 +21,7 @@ const PER_KEY: usize = 10;
 
 /// A worker process, killed with SIGKILL when dropped.
 struct WorkerProc {
-    child: Child,
+    child: ChildGuard,
 }
 
 impl WorkerProc {
@@ -40,7 +40,9 @@ impl WorkerProc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn kairos worker");
-        WorkerProc { child }
+        WorkerProc {
+            child: ChildGuard(child),
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -64,13 +66,6 @@ impl WorkerProc {
         assert!(status.success());
         let code = self.child.wait().unwrap();
         assert!(code.success(), "worker exited with {code}");
-    }
-}
-
-impl Drop for WorkerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -186,6 +186,30 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
 }
 
+/// Send `rec`, serving the producer's queue (polling `poll` at a time)
+/// while it is full; any other error stops the bench.
+pub fn send_queued<K, P>(
+    producer: &rdkafka::producer::BaseProducer,
+    mut rec: rdkafka::producer::BaseRecord<'_, K, P>,
+    poll: Duration,
+) where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                producer.poll(poll);
+            }
+            Err((e, back)) => panic!("producing to {}: {e}", back.topic),
+        }
+    }
+}
+
 /// A target's verdict, as every bench prints it.
 pub fn pass(ok: bool) -> &'static str {
     if ok {

@@ -5,11 +5,11 @@
 //! nothing.
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::system::enqueue_all;
-use crate::common::{header, read_exactly, read_n, read_up_to, record_count, wait_for, Broker};
+use crate::common::{header, read_exactly, read_n, read_up_to, record_count, wait_for, Broker, ChildGuard};
 use chrono::{TimeZone, Utc};
 use kairos::scheduler::Scheduler;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
@@ -338,16 +338,6 @@ async fn jobs_due_on_arrival_fire_from_memory_and_are_committed_after_firing() {
         .count();
     assert!((1..=3).contains(&jobs), "{jobs} changelog records of jobs");
     running.stop().await;
-}
-
-/// A child process killed (SIGKILL) when dropped, so a failing test leaves no orphan.
-pub(crate) struct ChildGuard(pub(crate) Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A `kairos scheduler` process with its configuration in a file beside its store.
