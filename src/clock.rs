@@ -2,8 +2,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::sync::Lock;
 use chrono::{DateTime, Utc};
+
+use crate::sync::Lock;
 
 /// A source of the current time. Everything in Kairos that decides "is it due
 /// yet" asks a `Clock`, so tests can drive time instead of sleeping.

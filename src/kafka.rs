@@ -14,6 +14,7 @@ use rdkafka::producer::future_producer::Delivery;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::config::{GroupProtocol, KafkaConfig, PassThrough};
+use crate::sync::Lock;
 use crate::wire::OwnedRecord;
 
 mod lag;
@@ -21,7 +22,6 @@ mod reach;
 mod read;
 mod transient;
 
-use crate::sync::Lock;
 pub(crate) use lag::{group_lag, partitions_of, watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
