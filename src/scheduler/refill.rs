@@ -22,26 +22,35 @@ pub struct Refilled {
     pub behind_cascade: bool,
 }
 
+/// A window behind a lock, taken for each step of a refill (and released
+/// while the store is read).
+pub trait WindowLock {
+    /// Run `f` with the window locked.
+    fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R;
+}
+
+impl WindowLock for Mutex<TimerWheel> {
+    fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R {
+        f(&mut self.locked())
+    }
+}
+
 /// Bring the window of every partition up to `now_ms` plus its span (or its
 /// cascade point), reading the store with the window unlocked.
-pub fn refill(wheel: &Mutex<TimerWheel>, store: &Store, now_ms: i64) -> Result<Refilled, StoreError> {
-    let lock = || wheel.locked();
-    let (parts, span_ms) = {
-        let w = lock();
-        (w.partitions(), w.span_ms())
-    };
+pub fn refill(window: &impl WindowLock, store: &Store, now_ms: i64) -> Result<Refilled, StoreError> {
+    let (parts, span_ms) = window.with_window(|w| (w.partitions(), w.span_ms()));
     let mut done = Refilled::default();
     for p in parts {
         let cascaded_to = store.checkpoint(p)?.cascaded_to;
         if cascaded_to <= now_ms.saturating_add(span_ms) {
             done.behind_cascade = true;
         }
-        let Some(read) = lock().begin_refill(p, now_ms, cascaded_to) else {
+        let Some(read) = window.with_window(|w| w.begin_refill(p, now_ms, cascaded_to)) else {
             continue;
         };
         let got = store.scan_due(p, read.after, read.until_ms, read.room)?;
         let n = got.len();
-        if lock().finish_refill(read, got) {
+        if window.with_window(|w| w.finish_refill(read, got)) {
             done.read += n;
         }
     }

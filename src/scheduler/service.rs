@@ -34,8 +34,8 @@ mod dispatch;
 mod draining;
 mod finish;
 mod fire;
-mod firing;
 mod ingest;
+mod jobs;
 mod lanes;
 mod metrics;
 pub use metrics::DUE_SPANS;
@@ -60,16 +60,14 @@ use tracing::{debug, error, info, warn};
 
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::hash::HashMap;
 use crate::kafka;
 use crate::scheduler::caught_up::CaughtUp;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
 use crate::sync::Lock;
-use direct::DirectOffsets;
 use dispatch::dispatch_loop;
-use firing::Firing;
+use jobs::Jobs;
 use probe::probe_loop;
 use rebalance::SchedulerContext;
 pub use stats::SchedulerStats;
@@ -110,18 +108,14 @@ struct Shared {
     instance_id: Option<String>,
     /// Pending jobs on disk.
     store: Store,
-    /// The near future in memory; also the set of owned partitions.
-    wheel: Mutex<TimerWheel>,
+    /// The jobs in memory: the window (also the set of owned partitions),
+    /// the offsets direct jobs hold back, the fire rounds in flight.
+    jobs: Jobs,
     /// Wakes the dispatcher: a job due sooner, a new partition, shutdown,
     /// a cascade point moved on.
     wake: Notify,
     /// Wakes the cascader: the window could not reach a span ahead.
     cascade_wanted: Notify,
-    /// Fire batches in flight per partition; revocation waits for them.
-    firing: Firing,
-    /// Per schedule partition: how far it may be committed, with the jobs
-    /// fired straight from memory still in flight.
-    direct: Mutex<HashMap<i32, DirectOffsets>>,
     /// Writes fired jobs, changelog records and dead letters.
     producer: FutureProducer,
     /// Held while changelog records are handed to the producer: a
@@ -163,29 +157,19 @@ impl Shared {
         self.wake.notify_one();
     }
 
-    fn wheel(&self) -> std::sync::MutexGuard<'_, TimerWheel> {
-        self.wheel.locked()
-    }
-
-    fn direct(&self) -> std::sync::MutexGuard<'_, HashMap<i32, DirectOffsets>> {
-        self.direct.locked()
-    }
-
     fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
         self.caught_up.locked()
     }
 
     /// Hand the consumer every partition's committable offset that moved.
     fn store_offsets<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
-        for (p, d) in self.direct().iter_mut() {
-            if let Some(offset) = d.offset_to_store() {
-                // librdkafka commits one past the stored offset.
-                if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, *p, offset) {
-                    // The partition was revoked meanwhile: its next owner
-                    // re-reads these records and applies them again
-                    // (idempotent by job id).
-                    debug!(partition = p, error = %e, "offset not stored");
-                }
+        for (p, offset) in self.jobs.offsets_to_store() {
+            // librdkafka commits one past the stored offset.
+            if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, p, offset) {
+                // The partition was revoked meanwhile: its next owner
+                // re-reads these records and applies them again
+                // (idempotent by job id).
+                debug!(partition = p, error = %e, "offset not stored");
             }
         }
     }
@@ -280,11 +264,9 @@ impl Scheduler {
                 cfg: cfg.clone(),
                 instance_id,
                 store,
-                wheel: Mutex::new(wheel),
+                jobs: Jobs::new(wheel),
                 wake: Notify::new(),
                 cascade_wanted: Notify::new(),
-                firing: Firing::default(),
-                direct: Mutex::new(HashMap::default()),
                 producer,
                 changelog_order: tokio::sync::Mutex::new(()),
                 clock,

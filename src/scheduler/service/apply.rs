@@ -168,25 +168,15 @@ pub(super) fn apply_batch(
     }
     // Direct jobs the batch names come out of the window (held there since
     // the batch was read).
-    {
-        let mut w = shared.wheel();
-        for (&(p, id), c) in &b.named {
-            let claim = if c.firing {
-                Claim::Firing
-            } else if let Some((_, s)) = w.take_direct_job(p, &id) {
-                Claim::Direct(Box::new(s))
-            } else {
-                Claim::Held
-            };
-            let pb = parts.get_mut(&p).expect("every partition read has a batch");
-            pb.ids.insert(
-                id,
-                Named {
-                    claim,
-                    ..Named::default()
-                },
-            );
-        }
+    for ((p, id), claim) in shared.jobs.take_named(&b.named) {
+        let pb = parts.get_mut(&p).expect("every partition read has a batch");
+        pb.ids.insert(
+            id,
+            Named {
+                claim,
+                ..Named::default()
+            },
+        );
     }
     for r in b.records {
         let (p, offset) = (r.partition, r.offset);
@@ -242,36 +232,27 @@ pub(super) fn apply_batch(
     for (p, pb) in parts.iter_mut() {
         direct::pick(shared, *p, pb)?;
     }
-    direct::frontier(shared, &mut parts);
+    shared.jobs.frontier(&mut parts);
     let applied = persist(shared, &parts, &b.dead)?;
     shared
         .stats
         .dead_lettered
         .fetch_add(b.dead.len() as u64, Ordering::Relaxed);
-    direct::hold(shared, &parts);
     // Stored jobs and direct jobs enter the window together, so the
     // dispatcher sees them in one run-at order; the jobs the batch held may
     // be fired again.
-    let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
-    {
-        let mut w = shared.wheel();
-        w.follow(&applied);
-        direct::enter(&mut w, &mut parts, now.timestamp_millis(), &mut fallback);
-        w.changed(
-            b.named
-                .iter()
-                .flat_map(|(k, c)| std::iter::repeat_n(*k, c.marks as usize)),
-        );
-    }
+    let fallback = shared
+        .jobs
+        .admit(&applied, &mut parts, now.timestamp_millis(), &b.named);
     shared.wake.notify_one();
     if !fallback.is_empty() {
         // The window filled up meanwhile: these go the durable way.
         let applied = persist(shared, &fallback, &[])?;
-        shared.wheel().follow(&applied);
+        shared.jobs.follow(&applied);
         shared.wake.notify_one();
     }
     // Only now may the offsets be committed (the read thread stores them).
-    direct::settle_batch(shared, &parts, &fallback);
+    shared.jobs.settle(&parts, &fallback);
     shared.stats.ingested.fetch_add(b.read, Ordering::Relaxed);
     // A partition's share of a full batch is kept for the next one.
     let keep = shared.cfg.scheduler.ingest_batch / parts.len().max(1);

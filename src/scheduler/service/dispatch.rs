@@ -3,24 +3,23 @@
 //! order, and pass the batch to the finisher.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
 use super::finish::{finish_loop, FINISH_ROUND_JOBS};
 use super::fire::{start_fire, FireBatch};
-use super::firing::Firing;
+use super::jobs::{FairStep, Jobs};
 use super::Shared;
 
 use crate::clock::Clock;
 use crate::hash::{HashMap, HashSet};
-use crate::scheduler::refill::refill;
+use crate::scheduler::refill::{refill, WindowLock};
 use crate::scheduler::store::DueKey;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::stored::StoredJob;
-use crate::scheduler::timer_wheel::{Due, TimerWheel};
-use crate::sync::Lock;
+use crate::scheduler::timer_wheel::TimerWheel;
 
 pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
@@ -51,9 +50,8 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         }
         let allowance = fair_allowance(&shared);
         let round = Round::take(
-            &shared.wheel,
+            &shared.jobs,
             &shared.store,
-            &shared.firing,
             &*shared.clock,
             shared.cfg.scheduler.fire_batch,
             &until,
@@ -154,69 +152,58 @@ impl Round {
     /// `max`), holding back a partition's jobs due after `until` (how far it
     /// has been read), and count the batch as firing.
     pub(super) fn take(
-        wheel: &Mutex<TimerWheel>,
+        jobs: &Jobs,
         store: &Store,
-        firing: &Firing,
         clock: &dyn Clock,
         max: usize,
         until: &HashMap<i32, i64>,
         allowance: &HashMap<String, usize>,
     ) -> Result<Round, StoreError> {
-        let lock = || wheel.locked();
         let now_ms = clock.now().timestamp_millis();
-        let mut behind_cascade = if lock().refill_due_ms().is_some_and(|t| t <= now_ms) {
-            refill(wheel, store, now_ms)?.behind_cascade
+        let mut behind_cascade = if jobs
+            .with_window(|w| w.refill_due_ms())
+            .is_some_and(|t| t <= now_ms)
+        {
+            refill(jobs, store, now_ms)?.behind_cascade
         } else {
             false
         };
-        let mut w = lock();
-        let Due {
-            jobs: mut due,
-            mut held,
-        } = w.take_due(now_ms, max, until);
-        let direct = w.take_direct(&due);
-        // Fair topics: as many as their backlogs allow, in fair order.
-        let fair_from = due.len();
-        let mut fair_more = false;
-        if w.fair().is_some() {
-            let room = max.saturating_sub(due.len());
+        // Fair topics: as many as their backlogs allow, in fair order, read
+        // no further than each partition's cascade point (looked up before
+        // the window's lock is taken).
+        let fair_until = if !jobs.has_fair() {
+            None
+        } else {
+            let (until, behind) = below_cascade(store, until, now_ms)?;
+            behind_cascade |= behind;
+            Some(until)
+        };
+        let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
+        let mut fair = |w: &mut TimerWheel, room: usize| {
             let allowance: HashMap<String, usize> = allowance
                 .iter()
                 .map(|(t, n)| (t.clone(), (*n).min(room)))
                 .collect();
-            let (until, behind) = below_cascade(store, until, now_ms)?;
-            behind_cascade |= behind;
-            let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
-            let (jobs, found) = w.take_fair(now_ms, &until, &allowance, &mut read)?;
-            due.extend(jobs);
-            for (p, at) in found.held {
-                let h = held.entry(p).or_insert(at);
-                *h = (*h).max(at);
-            }
-            fair_more = found.more;
-        }
-        let parts = due.iter().map(|(k, _)| k.partition).collect();
-        // Under the window's lock: a revocation that takes the partition
-        // out of the window next then waits for this batch.
-        firing.start(&parts);
+            let until = fair_until.as_ref().unwrap_or(until);
+            w.take_fair(now_ms, until, &allowance, &mut read)
+        };
+        let step: Option<FairStep<'_, StoreError>> = fair_until.is_some().then_some(&mut fair as _);
+        let taken = jobs.take_round(now_ms, max, until, step)?;
         // Jobs due but held wake the dispatcher when their partition has
         // been read further (ingest and probes notify); a window held back
         // by the cascade point, when the cascader has moved it.
-        let refill_at = w.refill_due_ms().filter(|_| !behind_cascade);
-        let fair_at = fair_more.then_some(now_ms);
-        let wake_at = [w.next_after_ms(now_ms), refill_at, fair_at]
-            .into_iter()
-            .flatten()
-            .min();
+        let refill_at = taken.refill_ms.filter(|_| !behind_cascade);
+        let fair_at = taken.fair_more.then_some(now_ms);
+        let wake_at = [taken.next_ms, refill_at, fair_at].into_iter().flatten().min();
         Ok(Round {
             now_ms,
-            due,
-            direct,
-            parts,
+            due: taken.due,
+            direct: taken.direct,
+            parts: taken.parts,
             wake_at,
-            held,
+            held: taken.held,
             behind_cascade,
-            fair_from,
+            fair_from: taken.fair_from,
         })
     }
 }
@@ -251,7 +238,7 @@ fn fair_allowance(shared: &Shared) -> HashMap<String, usize> {
     if fair.topics.is_empty() {
         return HashMap::default();
     }
-    let owned = shared.wheel().partitions().len() as u64;
+    let owned = shared.jobs.partitions().len() as u64;
     let total = (shared.cfg.topics.schedule_partitions.max(1) as u64).max(owned);
     let share = owned as f64 / total as f64;
     shared

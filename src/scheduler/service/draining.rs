@@ -76,12 +76,7 @@ impl Draining {
     /// Stop firing from `parts`: they leave the window (their jobs in
     /// memory are dropped) and the catch-up gate.
     pub(super) fn start(shared: &Arc<Shared>, parts: Vec<i32>) -> Draining {
-        {
-            let mut w = shared.wheel();
-            for p in &parts {
-                w.remove_partition(*p);
-            }
-        }
+        shared.jobs.revoke(&parts);
         {
             let mut gate = shared.caught_up();
             for p in &parts {
@@ -102,7 +97,7 @@ impl Draining {
     /// next owner.
     pub(super) fn finish<C: ConsumerContext>(self, consumer: &BaseConsumer<C>) {
         let (shared, parts) = (&self.shared, &self.parts);
-        if !shared.firing.wait_idle(parts, self.deadline) {
+        if !shared.jobs.wait_idle(parts, self.deadline) {
             warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
         }
         if !shared.lanes.wait_idle(self.deadline) {
@@ -112,12 +107,7 @@ impl Draining {
         // Direct jobs fired meanwhile release their offsets; those never
         // fired are re-read by the next owner.
         shared.store_offsets(consumer);
-        {
-            let mut direct = shared.direct();
-            for p in parts {
-                direct.remove(p);
-            }
-        }
+        shared.jobs.let_go(parts);
         match consumer.commit_consumer_state(CommitMode::Sync) {
             Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
             Err(e) => warn!(error = %e, "commit on revocation failed"),

@@ -10,7 +10,7 @@ use tracing::{debug, warn};
 
 use super::fire::{FireBatch, FireWrites};
 use super::persist::owned_or_log;
-use super::{blocking_store, direct, Shared};
+use super::{blocking_store, Shared};
 
 use crate::hash::{HashMap, HashSet};
 use crate::job::JobId;
@@ -53,7 +53,7 @@ pub(super) async fn finish_loop(
             room.push(b.room);
         }
         let ok = finish_fire(&shared, due, direct, writes).await;
-        shared.firing.finish(&parts);
+        shared.jobs.rounds_done(&parts);
         drop(room);
         if let Err(e) = ok {
             shared.fail(e.to_string());
@@ -144,7 +144,7 @@ pub(super) async fn finish_fire(
         }
     }
     // Direct jobs: nothing stored; their schedule offsets may now be committed.
-    let fired_direct = direct::fired(shared, &mut done, &direct);
+    let fired_direct = shared.jobs.release_direct(&mut done, &direct);
     shared
         .stats
         .fired_direct
@@ -155,13 +155,7 @@ pub(super) async fn finish_fire(
     // tombstone written after it would delete from the changelog, and so
     // from a rebuild; a put read later is written after the tombstone.
     let order = shared.changelog_order.lock().await;
-    let put_again: HashSet<(i32, JobId)> = {
-        let w = shared.wheel();
-        done.iter()
-            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
-            .map(|(k, s)| (k.partition, s.job.id))
-            .collect()
-    };
+    let put_again: HashSet<(i32, JobId)> = shared.jobs.put_again(&done);
     let mut by_part: HashMap<i32, Fired> = HashMap::default();
     for (k, s) in &done {
         let e = by_part.entry(k.partition).or_default();
@@ -177,9 +171,10 @@ pub(super) async fn finish_fire(
     // How far each partition is handled, with the direct jobs just fired:
     // after its tombstones, so a new owner skips what fired here.
     for (p, f) in by_part.iter_mut() {
-        if let Some((next, record)) = direct::frontier_after_fires(shared, *p, &cfg.topics.changelog) {
+        if let Some(next) = shared.jobs.frontier_after_fires(*p) {
             f.schedule_next = Some(next);
-            f.tombs.push(record);
+            f.tombs
+                .push(changelog::schedule_next_record(&cfg.topics.changelog, next));
         }
     }
     // One list of (partition, record), so that each acknowledgement is read
@@ -229,14 +224,7 @@ pub(super) async fn finish_fire(
     };
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
     let backoff = !retry.is_empty();
-    {
-        // Deleted from the store and the window together: a change read
-        // from now on finds the job gone, not being fired.
-        let mut w = shared.wheel();
-        w.follow(&applied);
-        w.fired(&due);
-        w.put_back(retry, &direct);
-    }
+    shared.jobs.finished(&applied, &due, retry, &direct);
     if backoff {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -25,12 +25,10 @@ use rdkafka::Message;
 use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
-use super::batch::{id_of, Claimed, ReadBatch, Record, BATCH_BYTES};
+use super::batch::{ReadBatch, Record, BATCH_BYTES};
 use super::{fair_status, stats, SchedulerContext, SchedulerError, Shared};
 
-use super::direct::DirectOffsets;
 use crate::hash::HashMap;
-use crate::scheduler::timer_wheel::TimerWheel;
 use crate::sync::Lock;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
@@ -304,7 +302,7 @@ fn measure_lag(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
 
 fn report(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
     let st = stats(shared);
-    let direct: usize = shared.direct().values().map(DirectOffsets::in_flight).sum();
+    let direct = shared.jobs.direct_in_flight();
     measure_lag(shared, consumer);
     let lag: i64 = shared.stats.schedule_lag.locked().values().sum();
     info!(owned = ?st.owned, pending = st.pending, in_memory = st.in_memory, direct, ingested = st.ingested,
@@ -384,12 +382,7 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
             }
         }
     }
-    {
-        let mut w = shared.wheel();
-        for b in &mut out {
-            claim(&mut w, b);
-        }
-    }
+    shared.jobs.claim(&mut out);
     let moved = {
         let mut gate = shared.caught_up();
         out.iter().flat_map(|b| &b.last).fold(false, |moved, (p, last)| {
@@ -400,28 +393,6 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
         shared.wake.notify_one();
     }
     out
-}
-
-/// Claim in the window the jobs `b` names: one being fired is marked so
-/// (a cancel or reschedule of it comes too late); any other is held
-/// unfired until the batch is applied.
-fn claim(w: &mut TimerWheel, b: &mut ReadBatch) {
-    for r in &b.records {
-        let id = id_of(&r.command);
-        if matches!(r.command, Command::Schedule(_)) {
-            w.put_again(r.partition, id, r.offset as u64);
-        }
-        if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
-            let firing = w.is_firing(r.partition, &id);
-            if !firing {
-                w.changing(r.partition, id);
-            }
-            v.insert(Claimed {
-                firing,
-                marks: u32::from(!firing),
-            });
-        }
-    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ fn due_edges(now_ms: i64) -> Vec<i64> {
 fn pending_over(h: &SchedulerHandle, edges: &[i64]) -> Vec<u64> {
     let shared = &h.shared;
     let mut total = vec![0u64; edges.len() + 1];
-    for p in shared.wheel().partitions() {
+    for p in shared.jobs.partitions() {
         if let Ok(counts) = shared.store.pending_by_due(p, edges) {
             total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
         }
@@ -53,7 +53,7 @@ pub(super) fn pending_by_due(h: &SchedulerHandle) -> Vec<(&'static str, u64)> {
 /// `None` before its first read).
 fn partitions(h: &SchedulerHandle) -> Vec<(i32, u64, Option<i64>)> {
     let shared = &h.shared;
-    let owned = shared.wheel().partitions();
+    let owned = shared.jobs.partitions();
     let read = shared.caught_up().snapshot();
     let now = shared.clock.now().timestamp_millis();
     let mut out: Vec<(i32, u64, Option<i64>)> = owned
@@ -266,7 +266,7 @@ impl Source for SchedulerHandle {
         let now = shared.clock.now().timestamp_millis();
         let edges = due_edges(now);
         let mut total: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
-        for p in shared.wheel().partitions() {
+        for p in shared.jobs.partitions() {
             for (topic, counts) in shared
                 .store
                 .pending_by_topic(p, &edges)
@@ -326,7 +326,7 @@ impl Source for SchedulerHandle {
     fn job(&self, id: &str) -> Result<Option<serde_json::Value>, String> {
         let id: JobId = id.parse().map_err(|e| format!("{e}"))?;
         let shared = &self.shared;
-        for p in shared.wheel().partitions() {
+        for p in shared.jobs.partitions() {
             let found = shared.store.current(p, &id).map_err(|e| e.to_string())?;
             if let Some(s) = found {
                 let j = &s.job;
@@ -351,7 +351,7 @@ impl Source for SchedulerHandle {
     /// store has caught up with the changelog) and is not stopping.
     fn ready(&self) -> bool {
         !self.shared.stop.is_cancelled()
-            && !self.shared.wheel().partitions().is_empty()
+            && !self.shared.jobs.partitions().is_empty()
             && self.shared.fatal.lock().map(|f| f.is_none()).unwrap_or(false)
     }
 }

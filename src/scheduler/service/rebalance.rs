@@ -91,7 +91,7 @@ impl ConsumerContext for SchedulerContext {
                         handled_below = skip_below,
                         "schedule partition assigned"
                     );
-                    self.shared.wheel().add_partition(*p);
+                    self.shared.jobs.assign(*p);
                 }
                 self.shared.wake.notify_one();
             }

@@ -62,10 +62,7 @@ pub struct SchedulerStats {
 
 /// What `shared` holds and has done now.
 pub(super) fn stats(shared: &Shared) -> SchedulerStats {
-    let (owned, in_memory) = {
-        let w = shared.wheel();
-        (w.partitions(), w.len())
-    };
+    let (owned, in_memory) = shared.jobs.owned_and_in_memory();
     let pending = owned
         .iter()
         .map(|p| shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0))
@@ -119,10 +116,7 @@ pub(super) fn fair_status(shared: &Shared) -> FairStatus {
     if fair.topics.is_empty() {
         return FairStatus::default();
     }
-    let (buffered, tenants_waiting, tenants_known) =
-        shared.wheel().fair().map_or((0, Vec::new(), Vec::new()), |f| {
-            (f.buffered(), f.tenants_waiting(), f.tenants_known())
-        });
+    let (buffered, tenants_waiting, tenants_known) = shared.jobs.fair_counts().unwrap_or_default();
     FairStatus {
         backlog: shared.backlog.current(),
         target: shared.backlog.targets(fair.backlog_target, fair.backlog_time),

@@ -18,7 +18,7 @@ use super::{blocking_store, Shared};
 pub(super) async fn cascade_loop(shared: Arc<Shared>) {
     let every = (shared.cfg.scheduler.window / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     loop {
-        let parts = shared.wheel().partitions();
+        let parts = shared.jobs.partitions();
         let until = cascade_until(&shared);
         let mut moved_any = false;
         for p in parts {
@@ -47,7 +47,7 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
         // forgotten: the table follows the tenants active lately, not all
         // the tenants ever seen.
         let now = shared.clock.now().timestamp_millis();
-        shared.wheel().sweep_fair(now);
+        shared.jobs.sweep_fair(now);
         // Stragglers (jobs due far ahead) keep old value-log segments alive:
         // copy them forward so the segments can go.
         if let Err(e) = blocking_store(&shared, "compact", |s| {

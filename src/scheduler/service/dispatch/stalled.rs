@@ -38,12 +38,8 @@ impl Stalled {
         if idle.is_empty() && self.since.is_empty() {
             return;
         }
-        let waiting: Vec<String> = {
-            let w = shared.wheel();
-            let Some(fair) = w.fair() else {
-                return;
-            };
-            idle.into_iter().filter(|t| fair.is_waiting(t)).cloned().collect()
+        let Some(waiting) = shared.jobs.fair_waiting(idle) else {
+            return;
         };
         self.since.retain(|t, _| waiting.contains(t));
         for topic in waiting {

@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use super::*;
 use crate::clock::ManualClock;
 use crate::job::Job;
-use crate::scheduler::service::firing::Firing;
+use crate::scheduler::service::jobs::Jobs;
 use crate::scheduler::store::Change;
 
 const SPAN_MS: i64 = 60_000;
@@ -25,8 +25,7 @@ fn job(key: &str, run_at_ms: i64, seq: u64) -> Change {
 struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
-    wheel: Mutex<TimerWheel>,
-    firing: Firing,
+    jobs: Jobs,
     clock: ManualClock,
 }
 
@@ -63,8 +62,7 @@ fn set_up_with(jobs: &[(i32, &str, i64)], fair: bool) -> Setup {
     Setup {
         _dir: dir,
         store,
-        wheel: Mutex::new(wheel),
-        firing: Firing::default(),
+        jobs: Jobs::new(wheel),
         clock,
     }
 }
@@ -90,23 +88,14 @@ impl Setup {
         until: &HashMap<i32, i64>,
         allowance: &HashMap<String, usize>,
     ) -> Round {
-        let r = Round::take(
-            &self.wheel,
-            &self.store,
-            &self.firing,
-            &self.clock,
-            max,
-            until,
-            allowance,
-        )
-        .unwrap();
-        self.wheel.lock().unwrap().fired(&r.due);
-        self.firing.finish([&r.parts]);
+        let r = Round::take(&self.jobs, &self.store, &self.clock, max, until, allowance).unwrap();
+        self.jobs.finished(&[], &r.due, Vec::new(), &HashMap::default());
+        self.jobs.rounds_done([&r.parts]);
         r
     }
 
     fn in_memory(&self) -> usize {
-        self.wheel.lock().unwrap().len()
+        self.jobs.owned_and_in_memory().1
     }
 
     fn keys(r: &Round) -> Vec<String> {

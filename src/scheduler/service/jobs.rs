@@ -1,0 +1,536 @@
+//! The scheduler's jobs in memory, with one owner: [`Jobs`] keeps the
+//! window (the near future, the owned partitions, which jobs are being
+//! fired or changed), the schedule offsets that direct jobs hold back, and
+//! the fire rounds in flight per partition, behind one lock. The service's
+//! threads and tasks change them only through the transitions below, each
+//! taking the lock once; none reads the store or Kafka under it.
+//!
+//! A job's way through them:
+//!
+//! 1. ingest: [`Jobs::claim`] what a read batch names (held unfired, or
+//!    marked as being fired);
+//! 2. apply: [`Jobs::take_named`] the direct jobs the batch changes,
+//!    [`Jobs::direct_candidates`], [`Jobs::frontier`], then, once the
+//!    batch is persisted, [`Jobs::admit`] it (stored and direct jobs enter
+//!    the window together) and [`Jobs::settle`] its offsets;
+//! 3. dispatch: [`Jobs::take_round`] what is due;
+//! 4. finish: [`Jobs::release_direct`], [`Jobs::put_again`],
+//!    [`Jobs::frontier_after_fires`], [`Jobs::finished`], then
+//!    [`Jobs::rounds_done`];
+//! 5. partitions: [`Jobs::assign`], [`Jobs::revoke`], [`Jobs::wait_idle`],
+//!    [`Jobs::let_go`].
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use super::batch::{Claim, Claimed, PartitionBatch, ReadBatch};
+use super::direct::DirectOffsets;
+
+use crate::hash::{HashMap, HashSet};
+use crate::job::JobId;
+use crate::scheduler::fair::Discovered;
+use crate::scheduler::refill::WindowLock;
+use crate::scheduler::store::{Applied, Change, DueKey};
+use crate::scheduler::stored::StoredJob;
+use crate::scheduler::timer_wheel::{Due, TimerWheel};
+use crate::sync::{Lock, Wait};
+use crate::wire::Command;
+
+/// The scheduler's in-memory job state (see the module doc).
+pub(super) struct Jobs {
+    state: Mutex<State>,
+    /// Whether the window dispatches some topics fairly (set at start).
+    fair: bool,
+    /// Signalled when fire rounds are finished.
+    round_finished: Condvar,
+}
+
+struct State {
+    window: TimerWheel,
+    /// Per schedule partition: how far it may be committed, with the direct
+    /// jobs still in flight.
+    direct: HashMap<i32, DirectOffsets>,
+    /// Fire rounds taken and not yet finished, per partition.
+    firing: HashMap<i32, usize>,
+}
+
+/// What [`Jobs::take_round`] took.
+pub(super) struct Taken {
+    /// Jobs due, in run-at order; those of fair topics from `fair_from`.
+    pub(super) due: Vec<(DueKey, StoredJob)>,
+    /// Which of `due` are direct jobs, with when each entered the window.
+    pub(super) direct: HashMap<DueKey, i64>,
+    /// The partitions of `due`, counted as firing until [`Jobs::rounds_done`].
+    pub(super) parts: HashSet<i32>,
+    /// Per partition, the latest run-at of due jobs held because the
+    /// partition is not read up to it.
+    pub(super) held: HashMap<i32, i64>,
+    /// Where the jobs of fair topics start in `due`.
+    pub(super) fair_from: usize,
+    /// Fair topics have more due jobs than the round took.
+    pub(super) fair_more: bool,
+    /// When the next job in the window comes due.
+    pub(super) next_ms: Option<i64>,
+    /// When the window next wants a refill.
+    pub(super) refill_ms: Option<i64>,
+}
+
+/// The fair part of a round: given the window and the room left in the
+/// round, the fair jobs released and what was found.
+pub(super) type FairStep<'a, E> =
+    &'a mut dyn FnMut(&mut TimerWheel, usize) -> Result<(Vec<(DueKey, StoredJob)>, Discovered), E>;
+
+impl Jobs {
+    /// An empty state over `window`.
+    pub(super) fn new(window: TimerWheel) -> Jobs {
+        Jobs {
+            fair: window.fair().is_some(),
+            state: Mutex::new(State {
+                window,
+                direct: HashMap::default(),
+                firing: HashMap::default(),
+            }),
+            round_finished: Condvar::new(),
+        }
+    }
+
+    /// Whether some topics are dispatched fairly.
+    pub(super) fn has_fair(&self) -> bool {
+        self.fair
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.locked()
+    }
+
+    // --- ingest and apply ---
+
+    /// Claim in the window the jobs each read batch names: one being fired
+    /// is marked so (a cancel or reschedule of it comes too late); any
+    /// other is held unfired until the batch is applied ([`Jobs::admit`]).
+    pub(super) fn claim(&self, batches: &mut [ReadBatch]) {
+        let w = &mut self.state().window;
+        for b in batches {
+            for r in &b.records {
+                let id = super::batch::id_of(&r.command);
+                if matches!(r.command, Command::Schedule(_)) {
+                    w.put_again(r.partition, id, r.offset as u64);
+                }
+                if let std::collections::hash_map::Entry::Vacant(v) = b.named.entry((r.partition, id)) {
+                    let firing = w.is_firing(r.partition, &id);
+                    if !firing {
+                        w.changing(r.partition, id);
+                    }
+                    v.insert(Claimed {
+                        firing,
+                        marks: u32::from(!firing),
+                    });
+                }
+            }
+        }
+    }
+
+    /// How each job a batch names stands as the batch is applied: being
+    /// fired, a direct job (taken out of the window: the batch replaces or
+    /// cancels it), or held.
+    pub(super) fn take_named(&self, named: &HashMap<(i32, JobId), Claimed>) -> Vec<((i32, JobId), Claim)> {
+        let w = &mut self.state().window;
+        named
+            .iter()
+            .map(|(&(p, id), c)| {
+                let claim = if c.firing {
+                    Claim::Firing
+                } else if let Some((_, s)) = w.take_direct_job(p, &id) {
+                    Claim::Direct(Box::new(s))
+                } else {
+                    Claim::Held
+                };
+                ((p, id), claim)
+            })
+            .collect()
+    }
+
+    /// The puts of `pb` (of partition `p`) that may fire straight from
+    /// memory, as far as the window can tell (index in `changes`, job id):
+    /// due on arrival, named once by the batch and held, not of a fair
+    /// topic, and where the window mirrors the partition up to them.
+    pub(super) fn direct_candidates(&self, p: i32, pb: &PartitionBatch) -> Vec<(usize, JobId)> {
+        let w = &self.state().window;
+        pb.due_puts
+            .iter()
+            .filter_map(|&i| match &pb.changes[i] {
+                Change::Put(s)
+                    if pb
+                        .ids
+                        .get(&s.job.id)
+                        .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
+                        && !w.is_fair(&s.job.topic)
+                        && w.may_add_direct(&DueKey::of(p, s)) =>
+                {
+                    Some((i, s.job.id))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Set each partition's first offset not handled once its batch is
+    /// persisted: direct jobs in flight (those of the batch too) hold it back.
+    pub(super) fn frontier(&self, parts: &mut HashMap<i32, PartitionBatch>) {
+        let held = &self.state().direct;
+        for (p, pb) in parts.iter_mut() {
+            if !pb.changes.is_empty() {
+                // A partition with no entry yet (just assigned) still has this
+                // batch's direct jobs to hold the frontier back.
+                let holding = pb.direct.iter().map(|s| s.seq as i64);
+                let first =
+                    DirectOffsets::first_unhandled_of(held.get(p), pb.last_offset, holding, &pb.released());
+                debug!(
+                    partition = *p,
+                    schedule_next = first,
+                    last_offset = pb.last_offset,
+                    "schedule frontier"
+                );
+                pb.schedule_next = Some(first);
+            }
+        }
+    }
+
+    /// A persisted batch enters: the store's `applied` changes are followed,
+    /// the batch's direct jobs hold their offsets and enter the window
+    /// beside them (one run-at order for the dispatcher), and the jobs the
+    /// batch held may be fired again. Direct jobs the window has no room
+    /// for come back, per partition, to be persisted.
+    pub(super) fn admit(
+        &self,
+        applied: &[Applied],
+        parts: &mut HashMap<i32, PartitionBatch>,
+        now_ms: i64,
+        named: &HashMap<(i32, JobId), Claimed>,
+    ) -> HashMap<i32, PartitionBatch> {
+        let mut st = self.state();
+        let State { window, direct, .. } = &mut *st;
+        let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
+        window.follow(applied);
+        for (p, pb) in parts.iter_mut() {
+            let d = direct.entry(*p).or_default();
+            for s in pb.direct.drain(..) {
+                let k = DueKey::of(*p, &s);
+                let (id, offset) = (s.job.id, s.seq);
+                d.hold(offset as i64);
+                match window.add_direct(k, s, now_ms) {
+                    None => debug!(job_id = %id, partition = p, offset, "due on arrival: firing from memory"),
+                    Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
+                }
+            }
+        }
+        window.changed(
+            named
+                .iter()
+                .flat_map(|(k, c)| std::iter::repeat_n(*k, c.marks as usize)),
+        );
+        fallback
+    }
+
+    /// Stored changes the window follows (jobs persisted outside a batch's
+    /// [`Jobs::admit`]).
+    pub(super) fn follow(&self, applied: &[Applied]) {
+        self.state().window.follow(applied);
+    }
+
+    /// The batch is persisted (and its `fallback` jobs): its offsets may be
+    /// committed, up to the direct jobs still in flight.
+    pub(super) fn settle(
+        &self,
+        parts: &HashMap<i32, PartitionBatch>,
+        fallback: &HashMap<i32, PartitionBatch>,
+    ) {
+        let direct = &mut self.state().direct;
+        for (p, pb) in parts {
+            let d = direct.entry(*p).or_default();
+            for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
+                if let Change::Put(s) = c {
+                    d.release(s.seq as i64);
+                }
+            }
+            for offset in pb.released() {
+                d.release(offset);
+            }
+            d.ingested(pb.last_offset);
+        }
+    }
+
+    /// The direct jobs of the partitions `lane` picks that entered the
+    /// window before `before_ms`, copied; their partitions fire nothing
+    /// until [`Jobs::handed_over`].
+    pub(super) fn take_old_direct(
+        &self,
+        before_ms: i64,
+        lane: impl Fn(i32) -> bool,
+    ) -> Vec<(DueKey, StoredJob)> {
+        self.state().window.persist_direct_older(before_ms, lane)
+    }
+
+    /// The jobs of [`Jobs::take_old_direct`] were written to the store
+    /// (`applied`; `None`: the write failed): their partitions fire again,
+    /// and once stored they are stored jobs and stop holding offsets.
+    pub(super) fn handed_over(&self, jobs: &[(DueKey, StoredJob)], applied: Option<&[Applied]>) {
+        let mut st = self.state();
+        st.window.persisted(jobs);
+        if let Some(applied) = applied {
+            st.window.follow(applied);
+            for (k, _) in jobs {
+                if let Some(d) = st.direct.get_mut(&k.partition) {
+                    d.release(k.seq as i64);
+                }
+            }
+        }
+    }
+
+    // --- dispatch and finish ---
+
+    /// Take what is due at `now_ms` (at most `max`), holding back a
+    /// partition's jobs due after `until` (how far it has been read); then
+    /// `fair` releases jobs of fair topics into the room left. The round's
+    /// partitions count as firing until [`Jobs::rounds_done`].
+    pub(super) fn take_round<E>(
+        &self,
+        now_ms: i64,
+        max: usize,
+        until: &HashMap<i32, i64>,
+        fair: Option<FairStep<'_, E>>,
+    ) -> Result<Taken, E> {
+        let mut st = self.state();
+        let w = &mut st.window;
+        let Due {
+            jobs: mut due,
+            mut held,
+        } = w.take_due(now_ms, max, until);
+        let direct = w.take_direct(&due);
+        let fair_from = due.len();
+        let mut fair_more = false;
+        if let Some(fair) = fair.filter(|_| self.fair) {
+            let (jobs, found) = fair(w, max.saturating_sub(due.len()))?;
+            due.extend(jobs);
+            for (p, at) in found.held {
+                let h = held.entry(p).or_insert(at);
+                *h = (*h).max(at);
+            }
+            fair_more = found.more;
+        }
+        let (next_ms, refill_ms) = (w.next_after_ms(now_ms), w.refill_due_ms());
+        let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
+        // Under the same lock: a revocation that takes a partition out of
+        // the window next then waits for this round.
+        for p in &parts {
+            *st.firing.entry(*p).or_insert(0) += 1;
+        }
+        Ok(Taken {
+            due,
+            direct,
+            parts,
+            held,
+            fair_from,
+            fair_more,
+            next_ms,
+            refill_ms,
+        })
+    }
+
+    /// Take the direct jobs out of `done` (fired or dead-lettered): nothing
+    /// is stored for them, and their schedule offsets may now be committed.
+    /// Returns how many there were.
+    pub(super) fn release_direct(
+        &self,
+        done: &mut Vec<&(DueKey, StoredJob)>,
+        direct: &HashMap<DueKey, i64>,
+    ) -> u64 {
+        if direct.is_empty() {
+            return 0;
+        }
+        let offsets = &mut self.state().direct;
+        let before = done.len();
+        done.retain(|(k, _)| {
+            if !direct.contains_key(k) {
+                return true;
+            }
+            if let Some(d) = offsets.get_mut(&k.partition) {
+                d.release(k.seq as i64);
+            }
+            false
+        });
+        (before - done.len()) as u64
+    }
+
+    /// Which of `done` were put again under their id since they were taken
+    /// (the changelog keeps the new put: no tombstone for them).
+    pub(super) fn put_again(&self, done: &[&(DueKey, StoredJob)]) -> HashSet<(i32, JobId)> {
+        let w = &self.state().window;
+        done.iter()
+            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
+            .map(|(k, s)| (k.partition, s.job.id))
+            .collect()
+    }
+
+    /// The first schedule offset of `p` not handled, with the direct jobs
+    /// fired so far (`None`: nothing ingested from `p` here).
+    pub(super) fn frontier_after_fires(&self, p: i32) -> Option<i64> {
+        let next = self.state().direct.get(&p)?.safe() + 1;
+        debug!(
+            partition = p,
+            schedule_next = next,
+            "schedule frontier after fires"
+        );
+        Some(next)
+    }
+
+    /// A finisher round is written: the window follows the store's
+    /// `applied` deletes, `due`'s fires are over, and `retry` (their write
+    /// failed) goes back into the window, direct ones as direct.
+    pub(super) fn finished(
+        &self,
+        applied: &[Applied],
+        due: &[(DueKey, StoredJob)],
+        retry: Vec<(DueKey, StoredJob)>,
+        direct: &HashMap<DueKey, i64>,
+    ) {
+        // Deleted from the store and the window together: a change read
+        // from now on finds the job gone, not being fired.
+        let w = &mut self.state().window;
+        w.follow(applied);
+        w.fired(due);
+        w.put_back(retry, direct);
+    }
+
+    /// The rounds taken with these partition sets are finished (or given up).
+    pub(super) fn rounds_done<'a>(&self, parts: impl IntoIterator<Item = &'a HashSet<i32>>) {
+        {
+            let firing = &mut self.state().firing;
+            for p in parts.into_iter().flatten() {
+                if let Some(n) = firing.get_mut(p) {
+                    *n -= 1;
+                    if *n == 0 {
+                        firing.remove(p);
+                    }
+                }
+            }
+        }
+        self.round_finished.notify_all();
+    }
+
+    // --- partitions ---
+
+    /// Own `partition` (after it caught up with its changelog): its jobs
+    /// load on the next refill.
+    pub(super) fn assign(&self, partition: i32) {
+        self.state().window.add_partition(partition);
+    }
+
+    /// Stop firing from `parts`: they leave the window (their jobs in
+    /// memory are dropped).
+    pub(super) fn revoke(&self, parts: &[i32]) {
+        let w = &mut self.state().window;
+        for p in parts {
+            w.remove_partition(*p);
+        }
+    }
+
+    /// Wait until no round taken from `parts` is in flight; false if some
+    /// still are at `deadline`.
+    pub(super) fn wait_idle(&self, parts: &[i32], deadline: Instant) -> bool {
+        let mut st = self.state();
+        loop {
+            if !parts.iter().any(|p| st.firing.contains_key(p)) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .round_finished
+                .waiting_at_most(st, left.min(Duration::from_millis(100)));
+        }
+    }
+
+    /// `parts` are let go: their direct offsets are forgotten (the next
+    /// owner reads the records of direct jobs not fired again).
+    pub(super) fn let_go(&self, parts: &[i32]) {
+        let direct = &mut self.state().direct;
+        for p in parts {
+            direct.remove(p);
+        }
+    }
+
+    /// Per partition, the last offset that may be committed, where it moved
+    /// since the last call.
+    pub(super) fn offsets_to_store(&self) -> Vec<(i32, i64)> {
+        let direct = &mut self.state().direct;
+        direct
+            .iter_mut()
+            .filter_map(|(p, d)| d.offset_to_store().map(|o| (*p, o)))
+            .collect()
+    }
+
+    // --- upkeep and reports ---
+
+    /// Forget fair tenants with nothing waiting and no recent service left.
+    pub(super) fn sweep_fair(&self, now_ms: i64) {
+        self.state().window.sweep_fair(now_ms);
+    }
+
+    /// The partitions owned, in order.
+    pub(super) fn partitions(&self) -> Vec<i32> {
+        self.state().window.partitions()
+    }
+
+    /// The partitions owned and the jobs in memory.
+    pub(super) fn owned_and_in_memory(&self) -> (Vec<i32>, usize) {
+        let w = &self.state().window;
+        (w.partitions(), w.len())
+    }
+
+    /// Direct jobs whose offsets are still held.
+    pub(super) fn direct_in_flight(&self) -> usize {
+        self.state().direct.values().map(DirectOffsets::in_flight).sum()
+    }
+
+    /// The fair window's jobs buffered, tenants waiting and tenants known
+    /// per topic (`None`: no fair topics).
+    pub(super) fn fair_counts(&self) -> Option<FairCounts> {
+        let w = &self.state().window;
+        w.fair()
+            .map(|f| (f.buffered(), f.tenants_waiting(), f.tenants_known()))
+    }
+
+    /// Which of `topics` have due jobs waiting in the fair window (`None`:
+    /// no fair topics).
+    pub(super) fn fair_waiting<'a>(
+        &self,
+        topics: impl IntoIterator<Item = &'a String>,
+    ) -> Option<Vec<String>> {
+        let w = &self.state().window;
+        let fair = w.fair()?;
+        Some(
+            topics
+                .into_iter()
+                .filter(|t| fair.is_waiting(t))
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// Jobs buffered, then (topic, tenants waiting) and (topic, tenants known).
+pub(super) type FairCounts = (usize, Vec<(String, usize)>, Vec<(String, usize)>);
+
+impl WindowLock for Jobs {
+    fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R {
+        f(&mut self.state().window)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,282 @@
+//! [`Jobs`]'s transitions, without a broker or a store: a job's way from
+//! a read batch to its fire, and what a partition's move waits for.
+
+use chrono::{TimeZone, Utc};
+
+use super::*;
+use crate::job::Job;
+use crate::scheduler::service::batch::{Named, Record};
+
+const NOW: i64 = 1_700_000_000_000;
+const SPAN_MS: i64 = 60_000;
+
+fn job(key: &str, run_at_ms: i64, seq: u64) -> StoredJob {
+    let job = Job::new("emails", key, b"p".to_vec()).at(Utc.timestamp_millis_opt(run_at_ms).unwrap());
+    StoredJob { job, seq }
+}
+
+/// Partitions 0 and 1 owned, their window loaded up to now + span with
+/// `stored` (as a refill from the store would), room for `capacity` jobs.
+fn jobs_with(capacity: usize, stored: &[(i32, StoredJob)]) -> Jobs {
+    let jobs = Jobs::new(TimerWheel::new(SPAN_MS, capacity));
+    for p in [0, 1] {
+        jobs.assign(p);
+        let got: Vec<(DueKey, StoredJob)> = stored
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, s)| (DueKey::of(p, s), s.clone()))
+            .collect();
+        jobs.with_window(|w| {
+            let read = w.begin_refill(p, NOW, i64::MAX).expect("a refill is due");
+            assert!(w.finish_refill(read, got));
+        });
+    }
+    jobs
+}
+
+fn read_all() -> HashMap<i32, i64> {
+    [(0, i64::MAX), (1, i64::MAX)].into_iter().collect()
+}
+
+fn take(jobs: &Jobs) -> Taken {
+    jobs.take_round::<()>(NOW, 100, &read_all(), None).unwrap()
+}
+
+/// An ingest batch of partition `p` that puts `s` (due now) at its offset,
+/// claimed and taken as the apply thread does, with its direct candidates
+/// moved to `direct`.
+fn apply_put(
+    jobs: &Jobs,
+    p: i32,
+    s: StoredJob,
+) -> (HashMap<i32, PartitionBatch>, HashMap<(i32, JobId), Claimed>) {
+    let offset = s.seq as i64;
+    let mut read = [ReadBatch {
+        records: vec![Record {
+            partition: p,
+            offset,
+            command: Command::Schedule(s.job.clone()),
+        }],
+        ..ReadBatch::default()
+    }];
+    jobs.claim(&mut read);
+    let [b] = read;
+    let mut pb = PartitionBatch {
+        last_offset: offset,
+        ..PartitionBatch::default()
+    };
+    for ((_, id), claim) in jobs.take_named(&b.named) {
+        pb.ids.insert(
+            id,
+            Named {
+                claim,
+                ..Named::default()
+            },
+        );
+    }
+    pb.named(s.job.id).now = Some(Some(0));
+    pb.due_puts.push(0);
+    pb.changes.push(Change::Put(s));
+    if !jobs.direct_candidates(p, &pb).is_empty() {
+        let Some(Change::Put(s)) = pb.changes.pop() else {
+            unreachable!()
+        };
+        pb.direct.push(s);
+    }
+    let mut parts: HashMap<i32, PartitionBatch> = HashMap::default();
+    parts.insert(p, pb);
+    (parts, b.named)
+}
+
+#[test]
+fn a_direct_job_holds_its_partitions_commit_from_admit_until_its_fire_is_released() {
+    let jobs = jobs_with(100, &[]);
+    let (mut parts, named) = apply_put(&jobs, 0, job("a", NOW - 5, 7));
+    assert_eq!(
+        parts[&0].direct.len(),
+        1,
+        "due on arrival, named once, window loaded: a direct job"
+    );
+    jobs.frontier(&mut parts);
+    assert_eq!(
+        parts[&0].schedule_next, None,
+        "nothing stored moves the checkpoint"
+    );
+    let fallback = jobs.admit(&[], &mut parts, NOW, &named);
+    assert!(fallback.is_empty());
+    jobs.settle(&parts, &fallback);
+    assert_eq!(
+        jobs.offsets_to_store(),
+        vec![(0, 6)],
+        "committable up to just below the direct job"
+    );
+    assert_eq!(jobs.direct_in_flight(), 1);
+
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 1);
+    assert!(t.direct.contains_key(&t.due[0].0), "taken as a direct job");
+    assert_eq!(
+        jobs.offsets_to_store(),
+        vec![],
+        "still held while it is being fired"
+    );
+    let mut done: Vec<&(DueKey, StoredJob)> = t.due.iter().collect();
+    assert_eq!(jobs.release_direct(&mut done, &t.direct), 1);
+    assert!(done.is_empty(), "nothing to tombstone or delete for a direct job");
+    assert_eq!(jobs.offsets_to_store(), vec![(0, 7)]);
+    assert_eq!(jobs.frontier_after_fires(0), Some(8));
+    assert_eq!(jobs.frontier_after_fires(1), None, "nothing ingested from 1");
+}
+
+#[test]
+fn a_direct_job_the_window_has_no_room_for_comes_back_to_be_persisted() {
+    // Direct jobs fill at most half the capacity: one here. Both are
+    // picked while there is room; the second is refused as it enters.
+    let jobs = jobs_with(2, &[]);
+    let (mut first, named_first) = apply_put(&jobs, 0, job("a", NOW - 5, 1));
+    let (mut second, named_second) = apply_put(&jobs, 0, job("b", NOW - 5, 2));
+    assert_eq!((first[&0].direct.len(), second[&0].direct.len()), (1, 1));
+    assert!(jobs.admit(&[], &mut first, NOW, &named_first).is_empty());
+    jobs.settle(&first, &HashMap::default());
+    let fallback = jobs.admit(&[], &mut second, NOW, &named_second);
+    assert_eq!(fallback[&0].changes.len(), 1, "comes back to go the durable way");
+    assert_eq!(jobs.direct_in_flight(), 2, "held until it is persisted");
+    jobs.settle(&second, &fallback);
+    assert_eq!(jobs.direct_in_flight(), 1);
+    assert_eq!(
+        jobs.offsets_to_store(),
+        vec![(0, 0)],
+        "only the first direct job holds the commit"
+    );
+    let (third, _) = apply_put(&jobs, 1, job("c", NOW - 5, 3));
+    assert!(third[&1].direct.is_empty(), "no room left: not picked");
+}
+
+#[test]
+fn a_job_named_by_a_batch_read_is_not_taken_until_the_batch_is_admitted() {
+    let stored = job("a", NOW - 10, 3);
+    let jobs = jobs_with(100, &[(0, stored.clone())]);
+    let mut read = [ReadBatch {
+        records: vec![Record {
+            partition: 0,
+            offset: 9,
+            command: Command::Cancel(stored.job.id),
+        }],
+        ..ReadBatch::default()
+    }];
+    jobs.claim(&mut read);
+    let named = &read[0].named;
+    assert!(!named[&(0, stored.job.id)].firing);
+    assert!(take(&jobs).due.is_empty(), "held while the batch is applied");
+    let claims = jobs.take_named(named);
+    assert!(
+        matches!(claims[..], [(_, Claim::Held)]),
+        "a stored job: held, not taken out"
+    );
+    jobs.admit(&[], &mut HashMap::default(), NOW, named);
+    assert_eq!(
+        take(&jobs).due.len(),
+        1,
+        "the batch did not change it after all: it fires"
+    );
+}
+
+#[test]
+fn a_job_named_while_it_is_fired_is_claimed_as_firing_until_the_round_is_finished() {
+    let stored = job("a", NOW - 10, 3);
+    let jobs = jobs_with(100, &[(0, stored.clone())]);
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 1);
+    let cancel = |offset| {
+        let mut read = [ReadBatch {
+            records: vec![Record {
+                partition: 0,
+                offset,
+                command: Command::Cancel(stored.job.id),
+            }],
+            ..ReadBatch::default()
+        }];
+        jobs.claim(&mut read);
+        let [b] = read;
+        b.named
+    };
+    let named = cancel(9);
+    assert!(named[&(0, stored.job.id)].firing, "a cancel now comes too late");
+    assert!(matches!(jobs.take_named(&named)[..], [(_, Claim::Firing)]));
+    jobs.finished(&[], &t.due, Vec::new(), &t.direct);
+    assert!(
+        !cancel(10)[&(0, stored.job.id)].firing,
+        "fired: no longer being fired"
+    );
+}
+
+#[test]
+fn a_put_of_a_job_being_fired_keeps_the_changelog_from_its_tombstone() {
+    let stored = job("a", NOW - 10, 3);
+    let jobs = jobs_with(100, &[(0, stored.clone())]);
+    let t = take(&jobs);
+    let done: Vec<&(DueKey, StoredJob)> = t.due.iter().collect();
+    assert!(jobs.put_again(&done).is_empty());
+    let mut read = [ReadBatch {
+        records: vec![Record {
+            partition: 0,
+            offset: 9,
+            command: Command::Schedule(stored.job.clone()),
+        }],
+        ..ReadBatch::default()
+    }];
+    jobs.claim(&mut read);
+    assert_eq!(jobs.put_again(&done), [(0, stored.job.id)].into_iter().collect());
+}
+
+#[test]
+fn a_failed_fire_goes_back_into_the_window_and_fires_again() {
+    let jobs = jobs_with(100, &[(0, job("a", NOW - 10, 3)), (1, job("b", NOW - 5, 4))]);
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 2);
+    assert!(take(&jobs).due.is_empty(), "being fired");
+    let retry = vec![t.due[1].clone()];
+    jobs.finished(&[], &t.due, retry, &t.direct);
+    jobs.rounds_done([&t.parts]);
+    let again = take(&jobs);
+    assert_eq!(again.due.len(), 1);
+    assert_eq!(again.due[0].1.job.key_lossy(), "b");
+}
+
+#[test]
+fn a_revocation_waits_for_the_rounds_taken_from_its_partitions() {
+    let jobs = jobs_with(100, &[(0, job("a", NOW - 10, 3)), (1, job("b", NOW - 5, 4))]);
+    let first = take(&jobs);
+    let now = Instant::now;
+    assert_eq!(first.parts.len(), 2);
+    assert!(jobs.wait_idle(&[5], now()), "nothing taken from 5");
+    assert!(!jobs.wait_idle(&[1], now()), "a round of 1 in flight");
+    jobs.revoke(&[1]);
+    assert_eq!(jobs.partitions(), vec![0]);
+    std::thread::scope(|s| {
+        s.spawn(|| jobs.rounds_done([&first.parts]));
+        assert!(jobs.wait_idle(&[0, 1], now() + Duration::from_secs(10)));
+    });
+}
+
+#[test]
+fn a_direct_job_handed_over_to_the_store_stops_holding_the_commit() {
+    let jobs = jobs_with(100, &[]);
+    let (mut parts, named) = apply_put(&jobs, 0, job("a", NOW - 5, 7));
+    let fallback = jobs.admit(&[], &mut parts, NOW - 3_000, &named);
+    jobs.settle(&parts, &fallback);
+    assert_eq!(jobs.offsets_to_store(), vec![(0, 6)]);
+    let old = jobs.take_old_direct(NOW - 2_000, |_| true);
+    assert_eq!(old.len(), 1);
+    assert!(
+        take(&jobs).due.is_empty(),
+        "its partition fires nothing while it is persisted"
+    );
+    jobs.handed_over(&old, Some(&[]));
+    assert_eq!(jobs.offsets_to_store(), vec![(0, 7)]);
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 1);
+    assert!(t.direct.is_empty(), "a stored job now");
+    jobs.let_go(&[0]);
+    assert_eq!(jobs.direct_in_flight(), 0);
+}
