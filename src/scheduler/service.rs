@@ -67,7 +67,7 @@ use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
 use crate::sync::Lock;
 use dispatch::dispatch_loop;
-use jobs::Jobs;
+use jobs::SchedulerJobs;
 use probe::probe_loop;
 use rebalance::SchedulerContext;
 pub use stats::SchedulerStats;
@@ -100,38 +100,33 @@ pub enum SchedulerError {
 }
 
 /// State shared by the service's threads (ingest, apply, probe) and tasks
-/// (dispatch, finish, upkeep), and the rebalance callbacks.
+/// (dispatch, finish, upkeep), and the rebalance callbacks: each part has
+/// its owner and its own lock, if any.
 struct Shared {
     /// Topics, limits and scheduler settings.
     cfg: Config,
-    /// `group.instance.id` (static membership), or `None`.
-    instance_id: Option<String>,
+    /// Decides what is due.
+    clock: SharedClock,
     /// Pending jobs on disk.
     store: Store,
     /// The jobs in memory: the window (also the set of owned partitions),
     /// the offsets direct jobs hold back, the fire rounds in flight.
-    jobs: Jobs,
-    /// Wakes the dispatcher: a job due sooner, a new partition, shutdown,
-    /// a cascade point moved on.
-    wake: Notify,
-    /// Wakes the cascader: the window could not reach a span ahead.
-    cascade_wanted: Notify,
-    /// Writes fired jobs, changelog records and dead letters.
-    producer: FutureProducer,
-    /// Held while changelog records are handed to the producer: a
-    /// finisher's tombstones and an apply batch's puts of the same job go
-    /// to the changelog in the order their writers decided them.
-    changelog_order: tokio::sync::Mutex<()>,
-    /// Decides what is due.
-    clock: SharedClock,
-    /// Cancelled on shutdown or on a fatal error.
-    stop: CancellationToken,
-    /// The first fatal error, reported by `run`.
-    fatal: Mutex<Option<String>>,
-    /// Connection settings for changelog readers.
-    reader_config: ClientConfig,
-    /// Whether a job's work topic exists (a job for a missing one is dead-lettered).
-    topic_check: kafka::TopicCheck,
+    jobs: SchedulerJobs,
+    /// How far the schedule partitions are read, and the batches read on
+    /// their way to be applied.
+    reads: Reads,
+    /// The Kafka clients the service writes and looks up with.
+    kafka: Clients,
+    /// Stop and wake-ups.
+    signals: Signals,
+    /// Fair topics' jobs released and not yet finished by the workers.
+    backlog: backlog::Backlog,
+    stats: SchedulerCounters,
+}
+
+/// The read side: how far each owned schedule partition is read, and what
+/// was read and is not yet applied.
+struct Reads {
     /// How far each owned schedule partition has been read, in time: jobs
     /// fire only up to it.
     caught_up: Mutex<CaughtUp>,
@@ -144,21 +139,49 @@ struct Shared {
     /// Fire due jobs without waiting for their partition to be read up to
     /// their run-at (benchmarks measure the rule's cost against this).
     fire_unread: std::sync::atomic::AtomicBool,
-    /// Fair topics' jobs released and not yet finished by the workers.
-    backlog: backlog::Backlog,
-    stats: SchedulerCounters,
+}
+
+impl Reads {
+    fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
+        self.caught_up.locked()
+    }
+}
+
+/// The Kafka clients of the service, beside its consumer.
+struct Clients {
+    /// Writes fired jobs, changelog records and dead letters.
+    producer: FutureProducer,
+    /// Held while changelog records are handed to the producer: a
+    /// finisher's tombstones and an apply batch's puts of the same job go
+    /// to the changelog in the order their writers decided them.
+    changelog_order: tokio::sync::Mutex<()>,
+    /// Connection settings for changelog readers.
+    reader_config: ClientConfig,
+    /// Whether a job's work topic exists (a job for a missing one is dead-lettered).
+    topic_check: kafka::TopicCheck,
+    /// `group.instance.id` (static membership), or `None`.
+    instance_id: Option<String>,
+}
+
+/// Stop and wake-ups.
+struct Signals {
+    /// Wakes the dispatcher: a job due sooner, a new partition, shutdown,
+    /// a cascade point moved on.
+    wake: Notify,
+    /// Wakes the cascader: the window could not reach a span ahead.
+    cascade_wanted: Notify,
+    /// Cancelled on shutdown or on a fatal error.
+    stop: CancellationToken,
+    /// The first fatal error, reported by `run`.
+    fatal: Mutex<Option<String>>,
 }
 
 impl Shared {
     fn fail(&self, what: String) {
         error!(error = %what, "scheduler stopping");
-        self.fatal.locked().get_or_insert(what);
-        self.stop.cancel();
-        self.wake.notify_one();
-    }
-
-    fn caught_up(&self) -> std::sync::MutexGuard<'_, CaughtUp> {
-        self.caught_up.locked()
+        self.signals.fatal.locked().get_or_insert(what);
+        self.signals.stop.cancel();
+        self.signals.wake.notify_one();
     }
 
     /// Hand the consumer every partition's committable offset that moved.
@@ -262,24 +285,30 @@ impl Scheduler {
             probe_inbox,
             shared: Arc::new(Shared {
                 cfg: cfg.clone(),
-                instance_id,
-                store,
-                jobs: Jobs::new(wheel),
-                wake: Notify::new(),
-                cascade_wanted: Notify::new(),
-                producer,
-                changelog_order: tokio::sync::Mutex::new(()),
                 clock,
-                stop: CancellationToken::new(),
-                fatal: Mutex::new(None),
-                reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
-                topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
-                caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
-                probe,
-                fire_unread: std::sync::atomic::AtomicBool::new(false),
+                store,
+                jobs: SchedulerJobs::new(wheel),
+                reads: Reads {
+                    caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
+                    probe,
+                    lanes: lanes::Lanes::new(s.apply_threads),
+                    owned: draining::Owned::default(),
+                    fire_unread: std::sync::atomic::AtomicBool::new(false),
+                },
+                kafka: Clients {
+                    producer,
+                    changelog_order: tokio::sync::Mutex::new(()),
+                    reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
+                    topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
+                    instance_id,
+                },
+                signals: Signals {
+                    wake: Notify::new(),
+                    cascade_wanted: Notify::new(),
+                    stop: CancellationToken::new(),
+                    fatal: Mutex::new(None),
+                },
                 backlog: backlog::Backlog::new(&cfg.fair.topics),
-                lanes: lanes::Lanes::new(s.apply_threads),
-                owned: draining::Owned::default(),
                 stats: SchedulerCounters::default(),
             }),
         })
@@ -302,6 +331,7 @@ impl Scheduler {
     pub fn instance_id(&self) -> Option<&str> {
         let configured = || self.shared.cfg.kafka.consumer.get("group.instance.id");
         self.shared
+            .kafka
             .instance_id
             .as_deref()
             .or_else(|| configured().map(|v| v.0.as_str()))
@@ -310,7 +340,7 @@ impl Scheduler {
     /// Wake the dispatcher to look at the clock again (tests that drive a
     /// manual clock call this after moving it).
     pub fn wake(&self) {
-        self.shared.wake.notify_one();
+        self.shared.signals.wake.notify_one();
     }
 
     /// Fire due jobs as soon as they are due, without first reading their
@@ -319,7 +349,7 @@ impl Scheduler {
     /// measure what the rule costs against it.
     #[doc(hidden)]
     pub fn fire_unread(self) -> Self {
-        self.shared.fire_unread.store(true, Ordering::Relaxed);
+        self.shared.reads.fire_unread.store(true, Ordering::Relaxed);
         self
     }
 
@@ -342,7 +372,7 @@ impl Scheduler {
             let source = Arc::new(SchedulerHandle {
                 shared: shared.clone(),
             });
-            a.serve(source, shared.stop.clone())
+            a.serve(source, shared.signals.stop.clone())
         });
         let ingest_shared = shared.clone();
         let ingest = std::thread::Builder::new()
@@ -370,7 +400,7 @@ impl Scheduler {
                     .map_err(|e| SchedulerError::Fatal(e.to_string()))?,
             )
         };
-        let stop = shared.stop.clone();
+        let stop = shared.signals.stop.clone();
         let warm = shared.clone();
         // The topics the producer writes: the changelog, the dead-letter
         // topic and the configured work topics, looked up once (the answer is
@@ -389,11 +419,11 @@ impl Scheduler {
             }
             let topics = [&t.changelog, &t.dead_letter].into_iter().chain(&t.work);
             for t in topics {
-                if warm.stop.is_cancelled() {
+                if warm.signals.stop.is_cancelled() {
                     break;
                 }
-                if let Ok(true) = warm.topic_check.exists(t).await {
-                    kafka::warm_up(&warm.producer, t, warm.cfg.kafka.produce_timeout).await;
+                if let Ok(true) = warm.kafka.topic_check.exists(t).await {
+                    kafka::warm_up(&warm.kafka.producer, t, warm.cfg.kafka.produce_timeout).await;
                 }
             }
         });
@@ -405,7 +435,7 @@ impl Scheduler {
             _ = &mut shutdown => {
                 info!("shutdown requested");
                 stop.cancel();
-                shared.wake.notify_one();
+                shared.signals.wake.notify_one();
                 dispatcher.await;
             }
             _ = &mut dispatcher => {}
@@ -429,7 +459,7 @@ impl Scheduler {
         if let Some(admin) = admin {
             let _ = admin.await;
         }
-        if let Some(e) = shared.fatal.locked().take() {
+        if let Some(e) = shared.signals.fatal.locked().take() {
             return Err(SchedulerError::Fatal(e));
         }
         info!(stats = ?stats(&shared), "scheduler stopped");
@@ -451,7 +481,7 @@ impl SchedulerHandle {
 
     /// Wake the dispatcher to look at the clock again.
     pub fn wake(&self) {
-        self.shared.wake.notify_one();
+        self.shared.signals.wake.notify_one();
     }
 }
 

@@ -20,6 +20,7 @@
 
 mod drive;
 mod held;
+mod jobs;
 mod keeper;
 mod metrics;
 mod offsets;
@@ -34,8 +35,7 @@ pub use stats::{WorkerHandle, WorkerStats};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
@@ -48,12 +48,13 @@ use crate::hash::HashMap;
 use crate::job::Job;
 use crate::kafka;
 use crate::producer::Producer;
-use crate::sync::{Lock, Wait};
+use crate::sync::Lock;
 use crate::worker::handler::{Backoff, Handler, Outcome};
 use crate::worker::hold::Holds;
 use crate::worker::lock_table::{Keyed, LockTable};
 use crate::worker::offset_tracker::OffsetTracker;
 use crate::worker::settle::{KafkaOutbox, RetryPolicy, Settler};
+use jobs::WorkerJobs;
 use poll::poll_loop;
 use ready::Start;
 
@@ -150,7 +151,7 @@ struct WorkerState {
     /// for is further on in the partition).
     waiting: HashMap<(Tp, Vec<u8>), Vec<Entry>>,
     /// When the group coordinator last answered this worker: an offset
-    /// commit it took, or an assignment (see [`Shared::in_touch`]).
+    /// commit it took, or an assignment (see `Shared::in_touch`).
     heard: Option<std::time::Instant>,
     /// Jobs are not started for want of such an answer.
     out_of_touch: bool,
@@ -173,48 +174,66 @@ impl WorkerState {
     }
 }
 
-struct Shared {
-    cfg: Config,
-    topics: Vec<String>,
-    group: String,
-    concurrency: usize,
-    handler: Arc<dyn Handler>,
-    state: Mutex<WorkerState>,
-    /// Signalled whenever a handler finishes.
-    finished: Condvar,
-    /// Held by the keep-alive thread from reading the commit points to the
-    /// end of its commit, and by a release around its last commit: a
-    /// keep-alive commit of older commit points never lands after it.
-    commit_lock: Mutex<()>,
+/// The work topics, by index (a [`Tp`]'s first half).
+struct Topics {
+    names: Vec<String>,
+    /// Whether each topic's keys can be held.
+    holding: Vec<bool>,
+    /// Each topic's pacing rules, if it is paced.
+    rules: Vec<Option<crate::worker::pacing::TopicRules>>,
+}
+
+impl Topics {
+    /// `topic`'s partition as a [`Tp`], if `topic` is a work topic.
+    fn tp(&self, topic: &str, partition: i32) -> Option<Tp> {
+        self.names.iter().position(|t| t == topic).map(|i| (i, partition))
+    }
+}
+
+/// What the worker writes with.
+struct Writers {
     /// Writes early jobs (routed by run-at).
     producer: Producer,
     /// Writes dead letters of records that cannot be read.
     raw: FutureProducer,
     /// Carries out outcomes: retries, follow-ups and dead letters.
     settler: Settler,
-    /// Where the poll thread sends jobs to start, one channel per driver.
-    drivers: Vec<tokio::sync::mpsc::UnboundedSender<Vec<Start>>>,
-    /// Round-robin over the drivers.
-    next_driver: std::sync::atomic::AtomicUsize,
-    /// Whether a thread waits on `finished` (saves a wake-up syscall per
-    /// batch of finished jobs when nobody does).
-    waiters: std::sync::atomic::AtomicUsize,
-    clock: SharedClock,
-    /// Per work topic (as `topics`): whether its keys can be held.
-    holding: Vec<bool>,
-    /// Per work topic: its pacing rules, if it is paced.
-    rules: Vec<Option<crate::worker::pacing::TopicRules>>,
-    /// Wakes the pacing task when a paced job waits for an earlier turn.
-    pace_wake: tokio::sync::Notify,
     /// Writes parked jobs and held keys.
     keeper: keeper::Keeper,
-    /// Keys held now (the state's `holds`, read without its lock).
-    held_now: Arc<AtomicUsize>,
+}
+
+/// The driver tasks that run the handlers, and the runtime they run on.
+struct Drivers {
+    /// Where the poll thread sends jobs to start, one channel per driver.
+    inboxes: Vec<tokio::sync::mpsc::UnboundedSender<Vec<Start>>>,
+    /// Round-robin over the drivers.
+    next: AtomicUsize,
     /// Where the poll thread runs its Kafka writes.
     runtime: tokio::runtime::Handle,
+}
+
+/// Stop and wake-ups.
+struct Signals {
     stop: CancellationToken,
     /// The first fatal error met off the poll loop (in a rebalance callback).
     fatal: Mutex<Option<String>>,
+    /// Wakes the pacing task when a paced job waits for an earlier turn.
+    pace_wake: tokio::sync::Notify,
+}
+
+/// State shared by the poll thread, the drivers, the keeper and the pacing
+/// task: each part has its owner and its own lock, if any.
+struct Shared {
+    /// Settings; `[worker]` as the builder set it (topics, group, concurrency).
+    cfg: Config,
+    clock: SharedClock,
+    handler: Arc<dyn Handler>,
+    /// The jobs read and running, held keys, paced jobs, offsets.
+    jobs: WorkerJobs,
+    topics: Topics,
+    out: Writers,
+    drivers: Drivers,
+    signals: Signals,
     stats: WorkerCounters,
 }
 
@@ -222,33 +241,8 @@ impl Shared {
     /// Stop the worker for `what`, which `run_until` returns.
     fn fail(&self, what: String) {
         tracing::error!(error = %what, "worker stopping");
-        self.fatal.locked().get_or_insert(what);
-        self.stop.cancel();
-    }
-
-    fn state(&self) -> MutexGuard<'_, WorkerState> {
-        self.state.locked()
-    }
-
-    /// Wait until a handler finishes, or `timeout`.
-    fn wait_finished<'a>(
-        &self,
-        st: MutexGuard<'a, WorkerState>,
-        timeout: Duration,
-    ) -> MutexGuard<'a, WorkerState> {
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let st = self.finished.waiting_at_most(st, timeout);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        st
-    }
-
-    /// Wake the threads waiting in [`Shared::wait_finished`], if any. Called
-    /// after the state lock is released; a waiter registers under the lock,
-    /// so it either sees the change or is counted here.
-    fn notify_finished(&self) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.finished.notify_all();
-        }
+        self.signals.fatal.locked().get_or_insert(what);
+        self.signals.stop.cancel();
     }
 
     /// Hand jobs started by the poll thread to a driver.
@@ -256,8 +250,9 @@ impl Shared {
         if starts.is_empty() {
             return;
         }
-        let i = self.next_driver.fetch_add(1, Ordering::Relaxed) % self.drivers.len();
-        if let Err(unsent) = self.drivers[i].send(starts) {
+        let d = &self.drivers;
+        let i = d.next.fetch_add(1, Ordering::Relaxed) % d.inboxes.len();
+        if let Err(unsent) = d.inboxes[i].send(starts) {
             // The drivers are gone only once the worker has stopped: the jobs
             // stay unfinished and are re-delivered to the next owner.
             debug!(jobs = unsent.0.len(), "worker stopped; jobs not started");
@@ -265,10 +260,7 @@ impl Shared {
     }
 
     fn tp(&self, topic: &str, partition: i32) -> Option<Tp> {
-        self.topics
-            .iter()
-            .position(|t| t == topic)
-            .map(|i| (i, partition))
+        self.topics.tp(topic, partition)
     }
 }
 
@@ -367,49 +359,48 @@ impl WorkerBuilder {
             driver_inboxes,
             keeper_inbox,
             shared: Arc::new(Shared {
-                topics: w.topics.clone(),
-                group: w.group_id.clone(),
-                concurrency: w.concurrency,
-                settler: Settler {
-                    outbox: Arc::new(KafkaOutbox {
-                        producer: producer.clone(),
-                        raw: raw.clone(),
-                        dead_letter_topic: cfg.topics.dead_letter.clone(),
-                    }),
-                    policy: RetryPolicy {
-                        max_attempts: w.max_attempts,
-                        backoff: Backoff {
-                            base: w.backoff_base,
-                            max: w.backoff_max,
-                        },
-                    },
-                    clock: self.clock.clone(),
-                },
                 handler: Arc::new(handler),
-                held_now: holds.counter(),
-                state: Mutex::new(WorkerState {
-                    holds,
-                    ..WorkerState::default()
-                }),
-                holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),
-                rules: w
-                    .topics
-                    .iter()
-                    .map(|t| w.pacing.get(t).map(crate::worker::pacing::TopicRules::of))
-                    .collect(),
-                pace_wake: tokio::sync::Notify::new(),
-                keeper,
-                finished: Condvar::new(),
-                commit_lock: Mutex::new(()),
-                producer,
-                raw,
-                drivers,
-                next_driver: Default::default(),
-                waiters: Default::default(),
+                jobs: WorkerJobs::new(holds),
+                topics: Topics {
+                    names: w.topics.clone(),
+                    holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),
+                    rules: w
+                        .topics
+                        .iter()
+                        .map(|t| w.pacing.get(t).map(crate::worker::pacing::TopicRules::of))
+                        .collect(),
+                },
+                out: Writers {
+                    settler: Settler {
+                        outbox: Arc::new(KafkaOutbox {
+                            producer: producer.clone(),
+                            raw: raw.clone(),
+                            dead_letter_topic: cfg.topics.dead_letter.clone(),
+                        }),
+                        policy: RetryPolicy {
+                            max_attempts: w.max_attempts,
+                            backoff: Backoff {
+                                base: w.backoff_base,
+                                max: w.backoff_max,
+                            },
+                        },
+                        clock: self.clock.clone(),
+                    },
+                    producer,
+                    raw,
+                    keeper,
+                },
+                drivers: Drivers {
+                    inboxes: drivers,
+                    next: AtomicUsize::new(0),
+                    runtime,
+                },
+                signals: Signals {
+                    stop: CancellationToken::new(),
+                    fatal: Mutex::new(None),
+                    pace_wake: tokio::sync::Notify::new(),
+                },
                 clock: self.clock,
-                runtime,
-                stop: CancellationToken::new(),
-                fatal: Mutex::new(None),
                 stats: WorkerCounters {
                     by_topic: w.topics.iter().map(|_| TopicCounts::default()).collect(),
                     ..WorkerCounters::default()
@@ -448,14 +439,14 @@ impl Worker {
             let source = Arc::new(WorkerHandle {
                 shared: shared.clone(),
             });
-            a.serve(source, shared.stop.clone())
+            a.serve(source, shared.signals.stop.clone())
         });
         let halt = CancellationToken::new();
         for inbox in self.driver_inboxes {
             tokio::spawn(drive::drive(shared.clone(), inbox, halt.clone()));
         }
         tokio::spawn(keeper::keep(shared.clone(), self.keeper_inbox, halt.clone()));
-        if shared.rules.iter().any(Option::is_some) {
+        if shared.topics.rules.iter().any(Option::is_some) {
             tokio::spawn(ready::release_turns(shared.clone()));
         }
         let poll_shared = shared.clone();
@@ -463,7 +454,7 @@ impl Worker {
             .name("kairos-worker-poll".into())
             .spawn(move || poll_loop(&poll_shared))
             .map_err(|e| WorkerError::Fatal(e.to_string()))?;
-        let stop = shared.stop.clone();
+        let stop = shared.signals.stop.clone();
         tokio::select! {
             _ = shutdown => info!("worker shutdown requested"),
             _ = stop.cancelled() => {}
@@ -481,7 +472,7 @@ impl Worker {
         }
         let result = result?;
         info!(stats = ?stats(&shared), "worker stopped");
-        if let Some(e) = shared.fatal.locked().take() {
+        if let Some(e) = shared.signals.fatal.locked().take() {
             return Err(WorkerError::Fatal(e));
         }
         result

@@ -92,7 +92,7 @@ fn apply_spell(shared: &Arc<Shared>, lane: usize, state: &mut LaneState) -> Spel
     let every = direct::HOLD_AT_MOST / 4;
     let mut idle = 0;
     loop {
-        let next = shared.lanes.lane(lane).take_within(every);
+        let next = shared.reads.lanes.lane(lane).take_within(every);
         if matches!(next, Next::Idle) {
             idle += 1;
         } else {
@@ -244,12 +244,12 @@ pub(super) fn apply_batch(
     let fallback = shared
         .jobs
         .admit(&applied, &mut parts, now.timestamp_millis(), &b.named);
-    shared.wake.notify_one();
+    shared.signals.wake.notify_one();
     if !fallback.is_empty() {
         // The window filled up meanwhile: these go the durable way.
         let applied = persist(shared, &fallback, &[])?;
         shared.jobs.follow(&applied);
-        shared.wake.notify_one();
+        shared.signals.wake.notify_one();
     }
     // Only now may the offsets be committed (the read thread stores them).
     shared.jobs.settle(&parts, &fallback);

@@ -276,7 +276,7 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
     let mut partitions: HashMap<String, (Vec<i32>, Instant)> = HashMap::default();
     let mut failing_since: Option<Instant> = None;
     let mut paces: HashMap<&str, Pace> = HashMap::default();
-    while !shared.stop.is_cancelled() {
+    while !shared.signals.stop.is_cancelled() {
         let started = Instant::now();
         let mut failed = false;
         for (name, t) in &backlog.topics {
@@ -302,9 +302,9 @@ pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
         if !failed {
             failing_since = None;
         }
-        shared.wake.notify_one();
+        shared.signals.wake.notify_one();
         let left = every.saturating_sub(started.elapsed());
-        if shared.stop.is_cancelled() {
+        if shared.signals.stop.is_cancelled() {
             break;
         }
         std::thread::sleep(left.max(Duration::from_millis(1)));

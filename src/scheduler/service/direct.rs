@@ -8,13 +8,13 @@
 //! work-topic write is acknowledged ([`DirectOffsets`]). Its way:
 //!
 //! 1. [`pick`]: the apply thread takes the batch's candidates out of its changes;
-//! 2. `Jobs::frontier`: they hold back the first offset counted as handled;
-//! 3. `Jobs::admit`: they hold their offsets and enter the window (a job
+//! 2. `SchedulerJobs::frontier`: they hold back the first offset counted as handled;
+//! 3. `SchedulerJobs::admit`: they hold their offsets and enter the window (a job
 //!    the window has no room for goes the durable way after all);
-//! 4. `Jobs::settle`: the batch's offsets may be committed up to them;
+//! 4. `SchedulerJobs::settle`: the batch's offsets may be committed up to them;
 //! 5. the dispatcher takes them like any due job, and the finisher's
-//!    `Jobs::release_direct` lets their offsets go (no tombstone, no store
-//!    delete); `Jobs::frontier_after_fires` says how far the partition is
+//!    `SchedulerJobs::release_direct` lets their offsets go (no tombstone, no store
+//!    delete); `SchedulerJobs::frontier_after_fires` says how far the partition is
 //!    handled then;
 //! 6. [`hand_over_old`]: one still in the window after [`HOLD_AT_MOST`] (a
 //!    backlog ahead of it, or its partition not read up to its run-at) is
@@ -82,7 +82,7 @@ pub(super) fn hand_over_old(shared: &Shared, lane: usize) -> Result<usize, Sched
     let before = now_ms.saturating_sub(HOLD_AT_MOST.as_millis() as i64);
     let jobs = shared
         .jobs
-        .take_old_direct(before, |p| shared.lanes.of(p) == lane);
+        .take_old_direct(before, |p| shared.reads.lanes.of(p) == lane);
     if jobs.is_empty() {
         return Ok(0);
     }
@@ -99,7 +99,7 @@ pub(super) fn hand_over_old(shared: &Shared, lane: usize) -> Result<usize, Sched
         .jobs
         .handed_over(&jobs, persisted.as_ref().ok().map(Vec::as_slice));
     persisted?;
-    shared.wake.notify_one();
+    shared.signals.wake.notify_one();
     info!(jobs = jobs.len(), partitions = parts.len(), held_at_most = ?HOLD_AT_MOST,
         "due jobs waited in memory too long: persisted, so their schedule offsets may be committed");
     Ok(jobs.len())

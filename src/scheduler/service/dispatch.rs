@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::finish::{finish_loop, FINISH_ROUND_JOBS};
 use super::fire::{start_fire, FireBatch};
-use super::jobs::{FairStep, Jobs};
+use super::jobs::{FairStep, SchedulerJobs};
 use super::Shared;
 
 use crate::clock::Clock;
@@ -39,13 +39,13 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let mut holding = Holding::default();
     let mut stalled = Stalled::default();
     loop {
-        if shared.stop.is_cancelled() {
+        if shared.signals.stop.is_cancelled() {
             break;
         }
         // Read before the window: `until` only grows, so a stale copy only
         // holds jobs back a little longer.
-        let mut until = shared.caught_up().snapshot();
-        if shared.fire_unread.load(Ordering::Relaxed) {
+        let mut until = shared.reads.caught_up().snapshot();
+        if shared.reads.fire_unread.load(Ordering::Relaxed) {
             until.values_mut().for_each(|u| *u = i64::MAX);
         }
         let allowance = fair_allowance(&shared);
@@ -75,7 +75,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         };
         if behind_cascade {
             // The cascader wakes the dispatcher when it has moved on.
-            shared.cascade_wanted.notify_one();
+            shared.signals.cascade_wanted.notify_one();
         }
         holding.update(&shared, &held, now);
         let mut released: HashMap<&str, usize> = HashMap::default();
@@ -115,8 +115,8 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             .min(max_sleep);
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = shared.wake.notified() => {}
-            _ = shared.stop.cancelled() => break,
+            _ = shared.signals.wake.notified() => {}
+            _ = shared.signals.stop.cancelled() => break,
         }
     }
     // Let the fires in flight finish (acknowledged jobs are deleted).
@@ -152,7 +152,7 @@ impl Round {
     /// `max`), holding back a partition's jobs due after `until` (how far it
     /// has been read), and count the batch as firing.
     pub(super) fn take(
-        jobs: &Jobs,
+        jobs: &SchedulerJobs,
         store: &Store,
         clock: &dyn Clock,
         max: usize,
@@ -268,13 +268,13 @@ impl Holding {
             }
             return;
         }
-        let mut gate = shared.caught_up();
+        let mut gate = shared.reads.caught_up();
         let ask = held
             .iter()
             .fold(false, |ask, (p, due_ms)| gate.want(*p, *due_ms) || ask);
         if ask {
             // Full: a probe is asked for already.
-            let _ = shared.probe.try_send(());
+            let _ = shared.reads.probe.try_send(());
         }
         let (since, logged) = self.since.get_or_insert((Instant::now(), None));
         if logged.unwrap_or(*since).elapsed() >= HELD_WARNING {

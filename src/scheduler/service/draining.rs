@@ -78,7 +78,7 @@ impl Draining {
     pub(super) fn start(shared: &Arc<Shared>, parts: Vec<i32>) -> Draining {
         shared.jobs.revoke(&parts);
         {
-            let mut gate = shared.caught_up();
+            let mut gate = shared.reads.caught_up();
             for p in &parts {
                 gate.revoke(*p);
             }
@@ -100,10 +100,10 @@ impl Draining {
         if !shared.jobs.wait_idle(parts, self.deadline) {
             warn!(partitions = ?parts, "fires still in flight at the revocation deadline; the next owner may fire their jobs again");
         }
-        if !shared.lanes.wait_idle(self.deadline) {
+        if !shared.reads.lanes.wait_idle(self.deadline) {
             warn!(partitions = ?parts, "batches read still being applied at the deadline; their records will be read again");
         }
-        shared.owned.revoke(parts);
+        shared.reads.owned.revoke(parts);
         // Direct jobs fired meanwhile release their offsets; those never
         // fired are re-read by the next owner.
         shared.store_offsets(consumer);

@@ -128,8 +128,11 @@ pub(super) async fn finish_fire(
             }
         }
     }
-    let dead_results =
-        futures::future::join_all(dead.iter().map(|(_, r)| kafka::send(&shared.producer, r, None))).await;
+    let dead_results = futures::future::join_all(
+        dead.iter()
+            .map(|(_, r)| kafka::send(&shared.kafka.producer, r, None)),
+    )
+    .await;
     for ((item, _), r) in dead.iter().zip(dead_results) {
         match r {
             Ok(_) => {
@@ -154,7 +157,7 @@ pub(super) async fn finish_fire(
     // was taken (a worker's retry under its id) keeps its new put, which a
     // tombstone written after it would delete from the changelog, and so
     // from a rebuild; a put read later is written after the tombstone.
-    let order = shared.changelog_order.lock().await;
+    let order = shared.kafka.changelog_order.lock().await;
     let put_again: HashSet<(i32, JobId)> = shared.jobs.put_again(&done);
     let mut by_part: HashMap<i32, Fired> = HashMap::default();
     for (k, s) in &done {
@@ -184,7 +187,7 @@ pub(super) async fn finish_fire(
         .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
         .collect();
     let pinned: Vec<_> = sent.iter().map(|(p, r)| (*r, Some(*p))).collect();
-    let acks = kafka::enqueue_all(&shared.producer, &pinned).await;
+    let acks = kafka::enqueue_all(&shared.kafka.producer, &pinned).await;
     drop(order);
     let results = futures::future::join_all(acks).await;
     let acks = results.into_iter().map(|r| r.map(|d| d.offset));
@@ -206,7 +209,7 @@ pub(super) async fn finish_fire(
         Vec::new()
     } else {
         blocking_store(shared, "store delete", move |s| {
-            let owned = s.owned.read();
+            let owned = s.reads.owned.read();
             let writes: Vec<PartitionWrite> = by_part
                 .iter()
                 .filter(|(p, _)| owned_or_log(&owned, **p))

@@ -52,7 +52,7 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
                 let m = match missing.get(topic) {
                     Some(m) => m.clone(),
                     None => {
-                        let m = shared.topic_check.exists(topic).await.map(|e| !e);
+                        let m = shared.kafka.topic_check.exists(topic).await.map(|e| !e);
                         missing.insert(topic, m.clone());
                         m
                     }
@@ -67,7 +67,7 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
             }
             Ok(false) => {
                 writes.push(Box::pin(
-                    kafka::enqueue_job(&shared.producer, &s.outgoing()).await,
+                    kafka::enqueue_job(&shared.kafka.producer, &s.outgoing()).await,
                 ));
             }
             Err(e) => {

@@ -58,7 +58,7 @@ fn failed_for_good(consumer: &BaseConsumer<SchedulerContext>) -> Result<(), Ende
 }
 
 pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
-    let appliers = (0..shared.lanes.len())
+    let appliers = (0..shared.reads.lanes.len())
         .map(|lane| {
             let apply_shared = shared.clone();
             std::thread::Builder::new()
@@ -115,7 +115,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         }
     };
     // The batches read are applied before the last commit.
-    shared.lanes.close();
+    shared.reads.lanes.close();
     for applier in appliers {
         applier
             .join()
@@ -143,16 +143,16 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
 /// partitions are let go already, and there is no consumer left to commit
 /// with).
 fn out_of_the_group(shared: &Arc<Shared>, consumer: BaseConsumer<SchedulerContext>, wait: Duration) -> bool {
-    let owned: Vec<i32> = shared.owned.read().iter().copied().collect();
+    let owned: Vec<i32> = shared.reads.owned.read().iter().copied().collect();
     if !owned.is_empty() {
         super::draining::Draining::revoke(shared, owned, &consumer);
     }
     drop(consumer);
     let until = Instant::now() + wait;
-    while Instant::now() < until && !shared.stop.is_cancelled() {
+    while Instant::now() < until && !shared.signals.stop.is_cancelled() {
         std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
     }
-    shared.stop.is_cancelled()
+    shared.signals.stop.is_cancelled()
 }
 
 /// Fences of this member: the first joins again at once; each one soon
@@ -184,7 +184,7 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<SchedulerContext>, Sc
     let member = kafka::Membership {
         group: &cfg.scheduler.group_id,
         session_timeout: cfg.scheduler.session_timeout,
-        instance_id: shared.instance_id.clone(),
+        instance_id: shared.kafka.instance_id.clone(),
         // What a crash re-reads is what was stored since the last commit.
         auto_commit_every: Duration::from_millis(100),
     };
@@ -231,7 +231,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
     let mut last_lag = Instant::now();
     // Kept from batch to batch: growing it anew each time showed in profiles.
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
-    while !shared.stop.is_cancelled() {
+    while !shared.signals.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
             None => failed_for_good(consumer)?,
             Some(Err(e)) => consumer_error(consumer, &e)?,
@@ -253,12 +253,12 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
             }
         }
         if !msgs.is_empty() {
-            if shared.stop.is_cancelled() {
+            if shared.signals.stop.is_cancelled() {
                 break; // do not half-process a batch on the way out
             }
             let batches = read_batch(shared, &msgs);
             msgs.clear();
-            shared.lanes.push(batches, most);
+            shared.reads.lanes.push(batches, most);
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(consumer);
@@ -322,7 +322,7 @@ fn report(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
 /// one batch per apply lane (see [`Lanes`](super::lanes::Lanes)).
 pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<ReadBatch> {
     let cfg = &shared.cfg;
-    let lanes = &shared.lanes;
+    let lanes = &shared.reads.lanes;
     let mut out: Vec<ReadBatch> = (0..lanes.len())
         .map(|_| ReadBatch {
             records: Vec::with_capacity(msgs.len() / lanes.len() + 1),
@@ -331,7 +331,7 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
         .collect();
     let mut created: HashMap<i32, i64> = HashMap::default();
     // Copied, so that decoding does not hold the lock the dispatcher reads.
-    let handled_below = shared.caught_up().handled_below();
+    let handled_below = shared.reads.caught_up().handled_below();
     for m in msgs {
         let (p, offset) = (m.partition(), m.offset());
         let b = &mut out[lanes.of(p)];
@@ -384,13 +384,13 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
     }
     shared.jobs.claim(&mut out);
     let moved = {
-        let mut gate = shared.caught_up();
+        let mut gate = shared.reads.caught_up();
         out.iter().flat_map(|b| &b.last).fold(false, |moved, (p, last)| {
             gate.ingested(*p, last + 1, created.get(p).copied()) || moved
         })
     };
     if moved {
-        shared.wake.notify_one();
+        shared.signals.wake.notify_one();
     }
     out
 }

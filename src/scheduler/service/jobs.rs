@@ -1,4 +1,4 @@
-//! The scheduler's jobs in memory, with one owner: [`Jobs`] keeps the
+//! The scheduler's jobs in memory, with one owner: [`SchedulerJobs`] keeps the
 //! window (the near future, the owned partitions, which jobs are being
 //! fired or changed), the schedule offsets that direct jobs hold back, and
 //! the fire rounds in flight per partition, behind one lock. The service's
@@ -7,18 +7,18 @@
 //!
 //! A job's way through them:
 //!
-//! 1. ingest: [`Jobs::claim`] what a read batch names (held unfired, or
+//! 1. ingest: [`SchedulerJobs::claim`] what a read batch names (held unfired, or
 //!    marked as being fired);
-//! 2. apply: [`Jobs::take_named`] the direct jobs the batch changes,
-//!    [`Jobs::direct_candidates`], [`Jobs::frontier`], then, once the
-//!    batch is persisted, [`Jobs::admit`] it (stored and direct jobs enter
-//!    the window together) and [`Jobs::settle`] its offsets;
-//! 3. dispatch: [`Jobs::take_round`] what is due;
-//! 4. finish: [`Jobs::release_direct`], [`Jobs::put_again`],
-//!    [`Jobs::frontier_after_fires`], [`Jobs::finished`], then
-//!    [`Jobs::rounds_done`];
-//! 5. partitions: [`Jobs::assign`], [`Jobs::revoke`], [`Jobs::wait_idle`],
-//!    [`Jobs::let_go`].
+//! 2. apply: [`SchedulerJobs::take_named`] the direct jobs the batch changes,
+//!    [`SchedulerJobs::direct_candidates`], [`SchedulerJobs::frontier`], then, once the
+//!    batch is persisted, [`SchedulerJobs::admit`] it (stored and direct jobs enter
+//!    the window together) and [`SchedulerJobs::settle`] its offsets;
+//! 3. dispatch: [`SchedulerJobs::take_round`] what is due;
+//! 4. finish: [`SchedulerJobs::release_direct`], [`SchedulerJobs::put_again`],
+//!    [`SchedulerJobs::frontier_after_fires`], [`SchedulerJobs::finished`], then
+//!    [`SchedulerJobs::rounds_done`];
+//! 5. partitions: [`SchedulerJobs::assign`], [`SchedulerJobs::revoke`], [`SchedulerJobs::wait_idle`],
+//!    [`SchedulerJobs::let_go`].
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ use crate::sync::{Lock, Wait};
 use crate::wire::Command;
 
 /// The scheduler's in-memory job state (see the module doc).
-pub(super) struct Jobs {
+pub(super) struct SchedulerJobs {
     state: Mutex<State>,
     /// Whether the window dispatches some topics fairly (set at start).
     fair: bool,
@@ -56,13 +56,13 @@ struct State {
     firing: HashMap<i32, usize>,
 }
 
-/// What [`Jobs::take_round`] took.
+/// What [`SchedulerJobs::take_round`] took.
 pub(super) struct Taken {
     /// Jobs due, in run-at order; those of fair topics from `fair_from`.
     pub(super) due: Vec<(DueKey, StoredJob)>,
     /// Which of `due` are direct jobs, with when each entered the window.
     pub(super) direct: HashMap<DueKey, i64>,
-    /// The partitions of `due`, counted as firing until [`Jobs::rounds_done`].
+    /// The partitions of `due`, counted as firing until [`SchedulerJobs::rounds_done`].
     pub(super) parts: HashSet<i32>,
     /// Per partition, the latest run-at of due jobs held because the
     /// partition is not read up to it.
@@ -82,10 +82,10 @@ pub(super) struct Taken {
 pub(super) type FairStep<'a, E> =
     &'a mut dyn FnMut(&mut TimerWheel, usize) -> Result<(Vec<(DueKey, StoredJob)>, Discovered), E>;
 
-impl Jobs {
+impl SchedulerJobs {
     /// An empty state over `window`.
-    pub(super) fn new(window: TimerWheel) -> Jobs {
-        Jobs {
+    pub(super) fn new(window: TimerWheel) -> SchedulerJobs {
+        SchedulerJobs {
             fair: window.fair().is_some(),
             state: Mutex::new(State {
                 window,
@@ -109,7 +109,7 @@ impl Jobs {
 
     /// Claim in the window the jobs each read batch names: one being fired
     /// is marked so (a cancel or reschedule of it comes too late); any
-    /// other is held unfired until the batch is applied ([`Jobs::admit`]).
+    /// other is held unfired until the batch is applied ([`SchedulerJobs::admit`]).
     pub(super) fn claim(&self, batches: &mut [ReadBatch]) {
         let w = &mut self.state().window;
         for b in batches {
@@ -235,7 +235,7 @@ impl Jobs {
     }
 
     /// Stored changes the window follows (jobs persisted outside a batch's
-    /// [`Jobs::admit`]).
+    /// [`SchedulerJobs::admit`]).
     pub(super) fn follow(&self, applied: &[Applied]) {
         self.state().window.follow(applied);
     }
@@ -264,7 +264,7 @@ impl Jobs {
 
     /// The direct jobs of the partitions `lane` picks that entered the
     /// window before `before_ms`, copied; their partitions fire nothing
-    /// until [`Jobs::handed_over`].
+    /// until [`SchedulerJobs::handed_over`].
     pub(super) fn take_old_direct(
         &self,
         before_ms: i64,
@@ -273,7 +273,7 @@ impl Jobs {
         self.state().window.persist_direct_older(before_ms, lane)
     }
 
-    /// The jobs of [`Jobs::take_old_direct`] were written to the store
+    /// The jobs of [`SchedulerJobs::take_old_direct`] were written to the store
     /// (`applied`; `None`: the write failed): their partitions fire again,
     /// and once stored they are stored jobs and stop holding offsets.
     pub(super) fn handed_over(&self, jobs: &[(DueKey, StoredJob)], applied: Option<&[Applied]>) {
@@ -294,7 +294,7 @@ impl Jobs {
     /// Take what is due at `now_ms` (at most `max`), holding back a
     /// partition's jobs due after `until` (how far it has been read); then
     /// `fair` releases jobs of fair topics into the room left. The round's
-    /// partitions count as firing until [`Jobs::rounds_done`].
+    /// partitions count as firing until [`SchedulerJobs::rounds_done`].
     pub(super) fn take_round<E>(
         &self,
         now_ms: i64,
@@ -526,7 +526,7 @@ impl Jobs {
 /// Jobs buffered, then (topic, tenants waiting) and (topic, tenants known).
 pub(super) type FairCounts = (usize, Vec<(String, usize)>, Vec<(String, usize)>);
 
-impl WindowLock for Jobs {
+impl WindowLock for SchedulerJobs {
     fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R {
         f(&mut self.state().window)
     }

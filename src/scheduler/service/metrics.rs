@@ -54,7 +54,7 @@ pub(super) fn pending_by_due(h: &SchedulerHandle) -> Vec<(&'static str, u64)> {
 fn partitions(h: &SchedulerHandle) -> Vec<(i32, u64, Option<i64>)> {
     let shared = &h.shared;
     let owned = shared.jobs.partitions();
-    let read = shared.caught_up().snapshot();
+    let read = shared.reads.caught_up().snapshot();
     let now = shared.clock.now().timestamp_millis();
     let mut out: Vec<(i32, u64, Option<i64>)> = owned
         .into_iter()
@@ -243,7 +243,7 @@ impl Source for SchedulerHandle {
         let fair = fair_status(&self.shared);
         json!({
             "role": "scheduler",
-            "instance_id": self.shared.instance_id,
+            "instance_id": self.shared.kafka.instance_id,
             "ready": self.ready(),
             "stats": stats(&self.shared),
             "partitions": parts,
@@ -255,7 +255,7 @@ impl Source for SchedulerHandle {
                 let backlog = FairStatus::of(&fair.backlog, t);
                 (t.clone(), json!({"tenants_waiting": n, "backlog": backlog}))
             }).collect::<serde_json::Map<_, _>>(),
-            "stopping": self.shared.stop.is_cancelled(),
+            "stopping": self.shared.signals.stop.is_cancelled(),
         })
     }
 
@@ -350,8 +350,14 @@ impl Source for SchedulerHandle {
     /// Ready once it owns a partition (a partition is owned only after its
     /// store has caught up with the changelog) and is not stopping.
     fn ready(&self) -> bool {
-        !self.shared.stop.is_cancelled()
+        !self.shared.signals.stop.is_cancelled()
             && !self.shared.jobs.partitions().is_empty()
-            && self.shared.fatal.lock().map(|f| f.is_none()).unwrap_or(false)
+            && self
+                .shared
+                .signals
+                .fatal
+                .lock()
+                .map(|f| f.is_none())
+                .unwrap_or(false)
     }
 }

@@ -49,7 +49,7 @@ pub(super) fn persist(
     }
     // 2. The store, flushed to disk (nothing to do for a batch of direct
     // jobs), for the partitions still owned (see `draining`).
-    let owned = shared.owned.read();
+    let owned = shared.reads.owned.read();
     let writes: Vec<PartitionWrite> = parts
         .iter()
         .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
@@ -102,8 +102,8 @@ pub(super) fn send_all_retrying(
         // `finish`); acknowledged without it.
         let sends: Vec<_> = pending.iter().map(|i| (records[*i].1, records[*i].0)).collect();
         let acks = {
-            let _order = shared.changelog_order.blocking_lock();
-            futures::executor::block_on(kafka::enqueue_all(&shared.producer, &sends))
+            let _order = shared.kafka.changelog_order.blocking_lock();
+            futures::executor::block_on(kafka::enqueue_all(&shared.kafka.producer, &sends))
         };
         let results = futures::executor::block_on(futures::future::join_all(acks));
         let mut failed = Vec::new();
@@ -121,7 +121,7 @@ pub(super) fn send_all_retrying(
             out[i] = None;
         }
         if !failed.is_empty() {
-            if shared.stop.is_cancelled() {
+            if shared.signals.stop.is_cancelled() {
                 return Err(SchedulerError::Fatal(
                     "stopped with writes unacknowledged; their records will be re-read".into(),
                 ));

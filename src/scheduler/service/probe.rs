@@ -17,7 +17,7 @@ use crate::kafka;
 /// (see [`CaughtUp`](crate::scheduler::caught_up::CaughtUp)), one request for all of them, whenever the dispatcher
 /// asks. Runs on its own thread: the look-up blocks.
 pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
-    let mut cfg = shared.reader_config.clone();
+    let mut cfg = shared.kafka.reader_config.clone();
     cfg.set("group.id", "kairos-probe");
     let create = || {
         cfg.create::<BaseConsumer>()
@@ -26,13 +26,13 @@ pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
     let Ok(mut consumer) = create() else { return };
     let topic = &shared.cfg.topics.schedule;
     let mut delay = kafka::RetryDelay::new();
-    while !shared.stop.is_cancelled() {
+    while !shared.signals.stop.is_cancelled() {
         match inbox.recv_timeout(Duration::from_millis(200)) {
             Ok(()) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
         let at = shared.clock.now().timestamp_millis();
-        let parts = shared.caught_up().take_wanted(at);
+        let parts = shared.reads.caught_up().take_wanted(at);
         if parts.is_empty() {
             continue;
         }
@@ -44,7 +44,7 @@ pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
             }
         }
         let answer = consumer.offsets_for_times(tpl, shared.cfg.kafka.produce_timeout);
-        let mut gate = shared.caught_up();
+        let mut gate = shared.reads.caught_up();
         let mut failed = Vec::new();
         let mut moved = false;
         match answer {
@@ -66,7 +66,7 @@ pub(super) fn probe_loop(shared: &Arc<Shared>, inbox: Receiver<()>) {
         }
         drop(gate);
         if moved {
-            shared.wake.notify_one();
+            shared.signals.wake.notify_one();
         }
         if failed.is_empty() {
             delay = kafka::RetryDelay::new();

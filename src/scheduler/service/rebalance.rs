@@ -40,7 +40,7 @@ impl ConsumerContext for SchedulerContext {
             Rebalance::Assign(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let started = Instant::now();
-                self.shared.owned.assign(&parts);
+                self.shared.reads.owned.assign(&parts);
                 let stale = stale_partitions(&self.shared, &parts);
                 // Place the cascade points before the rebuild, so that the
                 // replayed jobs land at their final level at once.
@@ -52,7 +52,7 @@ impl ConsumerContext for SchedulerContext {
                     }
                 }
                 let read = match changelog::catch_up(
-                    &self.shared.reader_config,
+                    &self.shared.kafka.reader_config,
                     &self.shared.cfg.topics.changelog,
                     &parts,
                     &self.shared.store,
@@ -79,7 +79,7 @@ impl ConsumerContext for SchedulerContext {
                 };
                 for (p, (next, skip_below)) in parts.iter().zip(starts) {
                     // Jobs fire only once the partition is read up to their run-at.
-                    self.shared.caught_up().assign(*p, next, skip_below);
+                    self.shared.reads.caught_up().assign(*p, next, skip_below);
                     let records = read.get(p).copied().unwrap_or(0);
                     self.shared.stats.replayed.fetch_add(records, Ordering::Relaxed);
                     let pending = self.shared.store.checkpoint(*p).map(|c| c.pending).unwrap_or(0);
@@ -93,7 +93,7 @@ impl ConsumerContext for SchedulerContext {
                     );
                     self.shared.jobs.assign(*p);
                 }
-                self.shared.wake.notify_one();
+                self.shared.signals.wake.notify_one();
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
             Rebalance::Revoke(_) => {}

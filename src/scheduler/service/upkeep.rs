@@ -26,7 +26,7 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
                 let from = s.store.checkpoint(p)?.cascaded_to;
                 loop {
                     let t = s.store.cascade(p, until)?;
-                    if t >= until || s.stop.is_cancelled() {
+                    if t >= until || s.signals.stop.is_cancelled() {
                         return Ok(t > from);
                     }
                 }
@@ -41,7 +41,7 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
             }
         }
         if moved_any {
-            shared.wake.notify_one();
+            shared.signals.wake.notify_one();
         }
         // A tenant seen once is held until its service decays away, then
         // forgotten: the table follows the tenants active lately, not all
@@ -64,8 +64,8 @@ pub(super) async fn cascade_loop(shared: Arc<Shared>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = shared.cascade_wanted.notified() => {}
-            _ = shared.stop.cancelled() => return,
+            _ = shared.signals.cascade_wanted.notified() => {}
+            _ = shared.signals.stop.cancelled() => return,
         }
     }
 }

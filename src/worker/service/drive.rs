@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument};
 
 use super::held;
-use super::offsets::finish_in;
 use super::pace;
 use super::ready::{start_ready, Start};
 use super::{Entry, Shared, Tp};
@@ -89,7 +88,7 @@ pub(super) async fn drive(
 pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<Start> {
     let mut parks = Vec::new();
     let starts = {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         for f in done.drain(..) {
             if f.no_slot {
                 st.no_slot = st.no_slot.saturating_sub(1);
@@ -102,15 +101,15 @@ pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<
                 *n = n.saturating_sub(1);
             }
             if f.settled {
-                finish_in(&mut st, f.tp, f.offset, Some(f.generation));
+                st.finish(f.tp, f.offset, Some(f.generation));
             }
         }
         // Handed to the keeper under the lock that gave them their park
         // sequence, so that the keeper writes them in that order.
-        shared.keeper.park(std::mem::take(&mut parks));
+        shared.out.keeper.park(std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
-    shared.notify_finished();
+    shared.jobs.notify_finished();
     starts
 }
 
@@ -136,7 +135,7 @@ async fn run(shared: Arc<Shared>, start: Start) -> Finished {
         generation,
     } = start;
     let ctx = JobContext {
-        topic: shared.topics[tp.0].clone(),
+        topic: shared.topics.names[tp.0].clone(),
         partition: tp.1,
         offset,
         cancel: cancel.clone(),
@@ -186,13 +185,13 @@ async fn run(shared: Arc<Shared>, start: Start) -> Finished {
         }
     };
     let origin = Origin {
-        topic: &shared.topics[tp.0],
+        topic: &shared.topics.names[tp.0],
         partition: tp.1,
         offset,
     };
     // Boxed: the settling future is large and rarely more than one
     // write; inline, it would make every job's future kilobytes big.
-    let settled = Box::pin(shared.settler.settle(&job, origin, outcome, &cancel))
+    let settled = Box::pin(shared.out.settler.settle(&job, origin, outcome, &cancel))
         .instrument(span.clone())
         .await;
     let settled = match settled {

@@ -13,7 +13,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
 
 use super::keeper::{self, ParkedJob};
-use super::offsets::{claimed, finish_in, write_in_background};
+use super::offsets::{claimed, write_in_background};
 use super::{Entry, Shared, Tp, WorkerError, WorkerState};
 
 use crate::config::OnFailure;
@@ -39,7 +39,11 @@ pub(super) fn load<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     tps: &[Tp],
 ) -> Result<HashMap<Tp, u64>, WorkerError> {
-    let tps: Vec<Tp> = tps.iter().copied().filter(|tp| shared.holding[tp.0]).collect();
+    let tps: Vec<Tp> = tps
+        .iter()
+        .copied()
+        .filter(|tp| shared.topics.holding[tp.0])
+        .collect();
     if tps.is_empty() {
         return Ok(HashMap::default());
     }
@@ -88,11 +92,11 @@ pub(super) fn load<C: ConsumerContext>(
     let (mut rewrite, mut deletes, mut written) = (Vec::new(), Vec::new(), Vec::new());
     let mut passed_over = 0;
     {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         for (tp, read) in reads {
             let found = read.finish();
             passed_over += found.passed_over;
-            let topic = &shared.topics[tp.0];
+            let topic = &shared.topics.names[tp.0];
             for (key, hold) in found.holds {
                 st.holds.load(tp, &key, Some(hold));
                 if let Some(h) = st.holds.get(tp, &key) {
@@ -117,10 +121,11 @@ pub(super) fn load<C: ConsumerContext>(
     }
     if !rewrite.is_empty() {
         shared
+            .drivers
             .runtime
             .block_on(keeper::send(shared, &rewrite))
             .map_err(|e| fatal("writing held keys back under this worker's claim", &e))?;
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         for (tp, key) in &written {
             if let Some(h) = st.holds.get_mut(*tp, key) {
                 h.skip_written();
@@ -137,19 +142,19 @@ pub(super) fn load<C: ConsumerContext>(
             Some(o) => *o,
             None => {
                 consumer
-                    .fetch_watermarks(&shared.topics[tp.0], tp.1, LOAD_TIMEOUT)
+                    .fetch_watermarks(&shared.topics.names[tp.0], tp.1, LOAD_TIMEOUT)
                     .map_err(|e| fatal("reading a work partition's start", &e))?
                     .0
             }
         };
-        claimed(&mut tpl, &shared.topics[tp.0], tp.1, offset, claims[tp]);
+        claimed(&mut tpl, &shared.topics.names[tp.0], tp.1, offset, claims[tp]);
     }
     match consumer.commit(&tpl, CommitMode::Sync) {
         Ok(()) => {
             if !deletes.is_empty() {
                 let shared_deletes = deletes;
-                let raw = shared.raw.clone();
-                shared.runtime.spawn(async move {
+                let raw = shared.out.raw.clone();
+                shared.drivers.runtime.spawn(async move {
                     let sends: Vec<_> = shared_deletes.iter().map(|(r, p)| (r, *p)).collect();
                     for ack in kafka::enqueue_all(&raw, &sends).await {
                         if let Err(e) = ack.await {
@@ -162,7 +167,7 @@ pub(super) fn load<C: ConsumerContext>(
         Err(e) => warn!(error = %e, partitions = ?partitions,
             "committing this worker's claim on its held keys failed; the first commit that passes carries it"),
     }
-    let held = shared.state().holds.len();
+    let held = shared.jobs.held();
     info!(partitions = ?partitions, held, passed_over, read_back = ?read_back, took = ?started.elapsed(),
         "held keys read back and claimed");
     Ok(claims)
@@ -180,13 +185,13 @@ fn committed<C: ConsumerContext>(
 ) -> Result<HashMap<Tp, Committed>, rdkafka::error::KafkaError> {
     let mut tpl = TopicPartitionList::new();
     for tp in tps {
-        tpl.add_partition(&shared.topics[tp.0], tp.1);
+        tpl.add_partition(&shared.topics.names[tp.0], tp.1);
     }
     let got = consumer.committed_offsets(tpl, LOAD_TIMEOUT)?;
     Ok(tps
         .iter()
         .map(|tp| {
-            let e = got.find_partition(&shared.topics[tp.0], tp.1);
+            let e = got.find_partition(&shared.topics.names[tp.0], tp.1);
             let offset = e.as_ref().and_then(|e| e.offset().to_raw()).filter(|o| *o >= 0);
             let claim = e.as_ref().and_then(|e| claim::of_metadata(e.metadata()));
             (*tp, (offset, claim))
@@ -213,13 +218,13 @@ pub(super) fn admit(
     now_ms: i64,
     parks: &mut Vec<ParkedJob>,
 ) -> Option<Entry> {
-    if !shared.holding[e.tp.0] {
+    if !shared.topics.holding[e.tp.0] {
         return Some(e);
     }
     if st.holds.read_again(e.tp, &e.job, e.offset) {
         debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
             "read again: its key's hold dealt with it already (parked, or an earlier run of the job holding the key)");
-        finish_in(st, e.tp, e.offset, None);
+        st.finish(e.tp, e.offset, None);
         return None;
     }
     let gave_up = |st: &WorkerState| st.holds.get(e.tp, &e.job.key).map_or(0, |h| h.gave_up);
@@ -263,7 +268,7 @@ pub(super) fn admit(
 fn stale(st: &mut WorkerState, e: &Entry) {
     debug!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset, attempt = e.job.attempt,
         "an earlier run of the job holding its key: finished without running");
-    finish_in(st, e.tp, e.offset, None);
+    st.finish(e.tp, e.offset, None);
 }
 
 /// Park jobs that waited in memory behind `tp`'s held key, in their order.
@@ -337,10 +342,10 @@ pub(super) fn park_buffered(st: &mut WorkerState, tp: Tp, key: &[u8], parks: &mu
 /// the job counts as finished. `false` when the write could not be made
 /// (the partition went): the job stays unfinished.
 pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64, settled: &Settled) -> bool {
-    if !shared.holding[tp.0] {
+    if !shared.topics.holding[tp.0] {
         return true;
     }
-    let topic = &shared.topics[tp.0];
+    let topic = &shared.topics.names[tp.0];
     let how = match settled {
         Settled::Retried { next } if shared.cfg.worker.on_failure(topic) == OnFailure::HoldKey => {
             Settlement::Again {
@@ -356,13 +361,13 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
         },
         _ => Settlement::Finished,
     };
-    if how == Settlement::Finished && shared.held_now.load(Ordering::Relaxed) == 0 {
+    if how == Settlement::Finished && shared.jobs.nothing_held() {
         // Nothing held: the common case, without the lock.
         return true;
     }
     let now_ms = shared.clock.now().timestamp_millis();
     let update = {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         let update = st.holds.settled(tp, job, how, now_ms);
         if update == HoldUpdate::Unchanged && st.waiting.is_empty() {
             // Nothing held here: the common case, kept cheap.
@@ -386,7 +391,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
             }
             _ => {}
         }
-        shared.keeper.park(parks);
+        shared.out.keeper.park(parks);
         update
     };
     match update {
@@ -404,7 +409,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
                         cause = ?b.cause, held_ms = now_ms - h.since_ms, "key held");
                 }
             }
-            shared.keeper.write(tp, job.key.clone(), generation).await
+            shared.out.keeper.write(tp, job.key.clone(), generation).await
         }
     }
 }
@@ -415,7 +420,7 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
 /// hold is written.
 pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, id: JobId) {
     let (change, generation) = {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         let generation = st.owned.get(&tp).map(|o| o.generation);
         (st.holds.release(tp, &key, id), generation)
     };
@@ -423,13 +428,7 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
     let (Some(_), Some(generation)) = (change, generation) else {
         warn!(job_id = %id, key = %key_text, partition = tp.1, offset,
             "release of a key not held by that job here; ignored");
-        let mut st = shared.state();
-        if st.owned.contains_key(&tp) {
-            st.tracker.read(tp, offset);
-            if let Some(c) = st.tracker.finish(tp, offset) {
-                st.to_store.insert(tp, c);
-            }
-        }
+        shared.jobs.finish_now(tp, offset);
         return;
     };
     info!(job_id = %id, key = %key_text, partition = tp.1, offset, "key released by an operator");
@@ -442,12 +441,16 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
         move || {
             let (s, key) = (s.clone(), key.clone());
             async move {
-                if !s.keeper.write(tp, key, generation).await {
+                if !s.out.keeper.write(tp, key, generation).await {
                     return Err("the hold was not written".to_string());
                 }
                 // Bring the released job back now, to be dead-lettered.
                 let now = s.clock.now();
-                s.producer.reschedule(id, now).await.map_err(|e| e.to_string())
+                s.out
+                    .producer
+                    .reschedule(id, now)
+                    .await
+                    .map_err(|e| e.to_string())
             }
         },
     );
@@ -458,7 +461,7 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
 /// their offsets then no longer hold the partition's commit back.
 pub(super) fn park_overdue_waiting(shared: &Arc<Shared>) {
     let now_ms = shared.clock.now().timestamp_millis();
-    let mut st = shared.state();
+    let mut st = shared.jobs.lock();
     if st.waiting.is_empty() {
         return;
     }
@@ -470,10 +473,10 @@ pub(super) fn park_overdue_waiting(shared: &Arc<Shared>) {
         park_all(&mut st, tp, entries, &mut parks);
         if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
             let s = shared.clone();
-            shared.runtime.spawn(async move {
-                s.keeper.write(tp, key.to_vec(), generation).await;
+            shared.drivers.runtime.spawn(async move {
+                s.out.keeper.write(tp, key.to_vec(), generation).await;
             });
         }
     }
-    shared.keeper.park(parks);
+    shared.out.keeper.park(parks);
 }

@@ -22,7 +22,6 @@ use crate::job::Job;
 use crate::kafka;
 use crate::wire::{self, OwnedRecord};
 use crate::worker::hold::{record, HoldWrite, Skip};
-use crate::worker::service::offsets::finish_in;
 
 /// A job parked behind its held key (its park sequence and run-at are
 /// set), or one read before its run-at on a holdable partition, handed to
@@ -181,7 +180,7 @@ pub(super) async fn send(shared: &Shared, records: &[Pinned]) -> Result<(), Stri
         return Ok(());
     }
     let sends: Vec<_> = records.iter().map(|(rec, p)| (rec, *p)).collect();
-    let acks = kafka::enqueue_all(&shared.raw, &sends).await;
+    let acks = kafka::enqueue_all(&shared.out.raw, &sends).await;
     match futures::future::join_all(acks)
         .await
         .into_iter()
@@ -201,7 +200,7 @@ fn owned(st: &super::WorkerState, tp: &Tp, generation: u64) -> bool {
 /// (partitioned by key, as every schedule-topic write), and the keys whose
 /// holds the round writes (each once).
 fn parks_of(shared: &Shared, round: &[Request]) -> (Vec<Pinned>, Vec<(Tp, Vec<u8>)>) {
-    let st = shared.state();
+    let st = shared.jobs.lock();
     let mut out = Vec::new();
     let mut keys: Vec<(Tp, Vec<u8>)> = Vec::new();
     let mut seen: HashSet<(Tp, &[u8])> = HashSet::default();
@@ -229,7 +228,7 @@ fn parks_of(shared: &Shared, round: &[Request]) -> (Vec<Pinned>, Vec<(Tp, Vec<u8
 
 /// The round's parks are acknowledged: their keys' holds may count them.
 fn mark_sent(shared: &Shared, round: &[Request]) {
-    let mut st = shared.state();
+    let mut st = shared.jobs.lock();
     let st = &mut *st;
     for req in round {
         if let Request::Park(jobs) = req {
@@ -249,7 +248,7 @@ fn mark_sent(shared: &Shared, round: &[Request]) {
 /// Each key's hold as it is now (held-topic partition = work partition),
 /// for partitions still owned.
 fn holds_of(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> Vec<Pinned> {
-    let st = shared.state();
+    let st = shared.jobs.lock();
     keys.iter()
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .map(|(tp, key)| {
@@ -268,7 +267,7 @@ type SkipOf = (Tp, Vec<u8>, Option<Skip>);
 /// The holds of `keys` read back whose skip no write has carried yet (see
 /// `Hold::loaded`), and that skip for each.
 fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec<SkipOf>) {
-    let st = shared.state();
+    let st = shared.jobs.lock();
     keys.iter()
         .filter(|(tp, _)| st.owned.contains_key(tp))
         .filter_map(|(tp, key)| {
@@ -282,7 +281,7 @@ fn unwritten_skips(shared: &Shared, keys: &[(Tp, Vec<u8>)]) -> (Vec<Pinned>, Vec
 /// Those holds' skips are written: unless read back again meanwhile, they
 /// may give numbers past them.
 fn skips_written(shared: &Shared, written: &[SkipOf]) {
-    let mut st = shared.state();
+    let mut st = shared.jobs.lock();
     for (tp, key, skip) in written {
         if let Some(h) = st
             .holds
@@ -298,7 +297,13 @@ fn skips_written(shared: &Shared, written: &[SkipOf]) {
 /// the partition's claim.
 fn hold_record(shared: &Shared, st: &super::WorkerState, tp: Tp, key: &[u8], change: &HoldWrite) -> Pinned {
     let claim = st.owned.get(&tp).and_then(|o| o.claim);
-    let rec = record::record(&shared.cfg.topics.held, claim, &shared.topics[tp.0], key, change);
+    let rec = record::record(
+        &shared.cfg.topics.held,
+        claim,
+        &shared.topics.names[tp.0],
+        key,
+        change,
+    );
     (rec, Some(tp.1))
 }
 
@@ -308,7 +313,7 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
     let (mut parked, mut handed) = (0u64, 0u64);
     let mut answers = Vec::new();
     {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         for req in round {
             match req {
                 Request::Park(jobs) => {
@@ -321,7 +326,7 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
                                 Some(_) => parked += 1,
                                 None => handed += 1,
                             }
-                            finish_in(&mut st, p.tp, p.offset, Some(p.generation));
+                            st.finish(p.tp, p.offset, Some(p.generation));
                         }
                     }
                 }
@@ -338,5 +343,5 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
         let _ = done.send(written);
     }
     debug!(parked, written, "keeper round");
-    shared.notify_finished();
+    shared.jobs.notify_finished();
 }

@@ -12,6 +12,7 @@ use crate::admin::{Metrics, Source};
 fn by_topic(h: &WorkerHandle) -> Vec<(Vec<String>, u64)> {
     let s = &h.shared;
     s.topics
+        .names
         .iter()
         .zip(&s.stats.by_topic)
         .flat_map(|(topic, c)| {
@@ -47,6 +48,7 @@ fn running(c: &super::TopicCounts) -> u64 {
 fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
     let s = &h.shared;
     s.topics
+        .names
         .iter()
         .zip(&s.stats.by_topic)
         .map(|(topic, c)| {
@@ -65,14 +67,14 @@ fn topics(h: &WorkerHandle) -> Vec<serde_json::Value> {
 
 /// How long the longest-held key has been held, in seconds.
 fn held_oldest_seconds(h: &WorkerHandle) -> i64 {
-    let oldest = h.shared.state().holds.oldest_ms();
+    let oldest = h.shared.jobs.oldest_hold_ms();
     let now = h.shared.clock.now().timestamp_millis();
     oldest.map_or(0, |since| (now - since).max(0) / 1000)
 }
 
 /// Records read and not yet below the commit point, over owned partitions.
 fn uncommitted(h: &WorkerHandle) -> i64 {
-    h.shared.state().tracker.uncommitted() as i64
+    h.shared.jobs.uncommitted() as i64
 }
 
 impl Source for WorkerHandle {
@@ -153,7 +155,7 @@ impl Source for WorkerHandle {
         .gauge(
             "kairos_worker_paced_waiting_jobs",
             "Jobs waiting in memory for their pacing turn (holding no concurrency slot).",
-            self.shared.state().paced.holding() as i64,
+            self.shared.jobs.paced_waiting() as i64,
         )
         .counter(
             "kairos_worker_parked",
@@ -198,18 +200,18 @@ impl Source for WorkerHandle {
     fn status(&self) -> serde_json::Value {
         json!({
             "role": "worker",
-            "group": self.shared.group,
-            "topics": self.shared.topics,
-            "concurrency": self.shared.concurrency,
+            "group": self.shared.cfg.worker.group_id,
+            "topics": self.shared.topics.names,
+            "concurrency": self.shared.cfg.worker.concurrency,
             "ready": self.ready(),
             "stats": stats(&self.shared),
             "by_topic": topics(self),
-            "stopping": self.shared.stop.is_cancelled(),
+            "stopping": self.shared.signals.stop.is_cancelled(),
         })
     }
 
     /// Ready while it owns a partition and is not stopping.
     fn ready(&self) -> bool {
-        !self.shared.stop.is_cancelled() && stats(&self.shared).owned > 0
+        !self.shared.signals.stop.is_cancelled() && stats(&self.shared).owned > 0
     }
 }

@@ -10,7 +10,8 @@ use tracing::warn;
 
 use rdkafka::TopicPartitionList;
 
-use super::{Shared, Tp, WorkerCounters, WorkerState};
+use super::jobs::CommitPoint;
+use super::{Shared, Tp, WorkerCounters};
 
 use crate::worker::hold::claim;
 
@@ -34,16 +35,11 @@ pub(super) fn write_in_background<F, Fut, T, E>(
     Fut: Future<Output = Result<T, E>> + Send,
     E: std::fmt::Display,
 {
-    let (cancel, generation) = {
-        let mut st = shared.state();
-        let Some(owned) = st.owned.get(&tp) else { return };
-        let ours = (owned.cancel.clone(), owned.generation);
-        st.tracker.read(tp, offset);
-        *st.in_flight.entry(tp).or_insert(0) += 1;
-        ours
+    let Some((cancel, generation)) = shared.jobs.begin_write(tp, offset) else {
+        return;
     };
     let shared = shared.clone();
-    shared.runtime.clone().spawn(async move {
+    shared.drivers.runtime.clone().spawn(async move {
         let mut delay = kafka::RetryDelay::new();
         let written = loop {
             match write().await {
@@ -55,43 +51,22 @@ pub(super) fn write_in_background<F, Fut, T, E>(
                 _ = cancel.cancelled() => break false,
             }
         };
-        {
-            let mut st = shared.state();
-            if let Some(n) = st.in_flight.get_mut(&tp) {
-                *n = n.saturating_sub(1);
-            }
-            if written {
-                counter(&shared.stats).fetch_add(1, Ordering::Relaxed);
-                finish_in(&mut st, tp, offset, Some(generation));
-            }
+        if written {
+            counter(&shared.stats).fetch_add(1, Ordering::Relaxed);
         }
-        shared.notify_finished();
+        shared.jobs.write_done(tp, offset, generation, written);
     });
 }
 
-/// Mark a record finished; if it belongs to the current ownership of its
-/// partition, its commit point may advance.
-pub(super) fn finish_in(st: &mut WorkerState, tp: Tp, offset: i64, generation: Option<u64>) {
-    let current = st.owned.get(&tp).map(|o| o.generation);
-    if current.is_none() || (generation.is_some() && generation != current) {
-        return;
-    }
-    if let Some(c) = st.tracker.finish(tp, offset) {
-        st.to_store.insert(tp, c);
-    }
-}
-
-/// Add `tp`'s commit offset `offset` to `tpl`, with its claim when it has
-/// one: every commit of a holdable partition names its owner's claim.
+/// Add a commit point to `tpl`, with its claim when it has one: every
+/// commit of a holdable partition names its owner's claim.
 pub(super) fn offset_to_commit(
     shared: &Shared,
-    st: &WorkerState,
     tpl: &mut TopicPartitionList,
-    tp: Tp,
-    offset: i64,
+    (tp, offset, claim): CommitPoint,
 ) {
-    let topic = &shared.topics[tp.0];
-    match st.owned.get(&tp).and_then(|o| o.claim) {
+    let topic = &shared.topics.names[tp.0];
+    match claim {
         Some(claim) => claimed(tpl, topic, tp.1, offset, claim),
         None => {
             let _ = tpl.add_partition_offset(topic, tp.1, rdkafka::Offset::Offset(offset));

@@ -73,7 +73,7 @@ impl Paced {
 /// Whether `entry` may start now: `Some(entry)` to start it (perhaps as a
 /// deferral through the scheduler), `None` when it waits here for its turn.
 pub(super) fn gate(shared: &Shared, st: &mut WorkerState, mut entry: Entry, now_ms: i64) -> Option<Entry> {
-    let Some(rules) = &shared.rules[entry.tp.0] else {
+    let Some(rules) = &shared.topics.rules[entry.tp.0] else {
         return Some(entry);
     };
     if entry.instead.is_some() {
@@ -107,7 +107,7 @@ pub(super) fn gate(shared: &Shared, st: &mut WorkerState, mut entry: Entry, now_
         st.paced.arrivals += 1;
         st.paced.waiting.insert((at, st.paced.arrivals), entry);
         if first {
-            shared.pace_wake.notify_one();
+            shared.signals.pace_wake.notify_one();
         }
         return None;
     }
@@ -123,12 +123,13 @@ pub(super) fn gate(shared: &Shared, st: &mut WorkerState, mut entry: Entry, now_
 /// A handler said its job is rate limited until `until`: its limiter key
 /// pauses until then.
 pub(super) fn pause(shared: &Shared, tp: Tp, limiter: &[u8], until_ms: i64) {
-    let Some(rules) = &shared.rules[tp.0] else {
+    let Some(rules) = &shared.topics.rules[tp.0] else {
         return;
     };
     let rule = *rules.rule(limiter);
     shared
-        .state()
+        .jobs
+        .lock()
         .paced
         .pacer
         .pause(&(tp.0, Box::from(limiter)), &rule, until_ms);

@@ -15,10 +15,9 @@ use super::held;
 use super::offsets::{offset_to_commit, write_in_background};
 use super::ready::start_ready;
 use super::touch::keep_alive;
-use super::{Entry, Owned, Shared, Tp, WorkerError};
+use super::{Entry, Shared, Tp, WorkerError};
 
 use crate::job::Job;
-use crate::sync::Lock;
 use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
@@ -72,22 +71,7 @@ impl ConsumerContext for WorkerContext {
                         return;
                     }
                 };
-                let mut st = self.shared.state();
-                st.heard = Some(Instant::now());
-                for tp in tps {
-                    st.next_generation += 1;
-                    let generation = st.next_generation;
-                    let cancel = self.shared.stop.child_token();
-                    let claim = claims.get(&tp).copied();
-                    st.owned.insert(
-                        tp,
-                        Owned {
-                            cancel,
-                            generation,
-                            claim,
-                        },
-                    );
-                }
+                self.shared.jobs.assign(&tps, &claims, &self.shared.signals.stop);
                 info!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect::<Vec<_>>(),
                     "work partitions assigned");
             }
@@ -102,52 +86,19 @@ impl ConsumerContext for WorkerContext {
 /// finished, forget them.
 pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tps: &[Tp]) {
     let deadline = Instant::now() + shared.cfg.worker.revocation_deadline;
-    let mut st = shared.state();
-    let mut dropped = 0;
-    for tp in tps {
-        dropped += st.table.drop_partition(*tp).len();
-        // Paced jobs waiting for their turn hold their keys: unlock them.
-        for e in st.paced.drop_partition(*tp) {
-            st.table.complete(&e.job.key);
-            dropped += 1;
-        }
-        if let Some(o) = st.owned.get(tp) {
-            o.cancel.cancel();
-        }
-    }
-    while tps
-        .iter()
-        .any(|tp| st.in_flight.get(tp).copied().unwrap_or(0) > 0)
-    {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            let stuck: Vec<_> = tps
-                .iter()
-                .filter(|tp| st.in_flight.get(tp).copied().unwrap_or(0) > 0)
-                .collect();
-            warn!(partitions = ?stuck, deadline = ?shared.cfg.worker.revocation_deadline,
-                "handlers still running past the revocation deadline; releasing anyway (their jobs may run again elsewhere)");
-            break;
-        }
-        st = shared.wait_finished(st, left.min(Duration::from_millis(100)));
+    let dropped = shared.jobs.drop_partitions(tps);
+    let stuck = shared.jobs.wait_idle(tps, deadline);
+    if !stuck.is_empty() {
+        warn!(partitions = ?stuck, deadline = ?shared.cfg.worker.revocation_deadline,
+            "handlers still running past the revocation deadline; releasing anyway (their jobs may run again elsewhere)");
     }
     // The commit lock before the state lock, as the keep-alive thread takes
     // them: no keep-alive commit read before this one lands after it.
-    drop(st);
-    let _committing = shared.commit_lock.locked();
-    let mut st = shared.state();
+    let _committing = shared.jobs.committing();
     let mut tpl = TopicPartitionList::new();
-    for tp in tps {
-        if let Some(c) = st.tracker.commit_point(*tp) {
-            offset_to_commit(shared, &st, &mut tpl, *tp, c);
-        }
-        st.tracker.remove(*tp);
-        st.owned.remove(tp);
-        st.to_store.remove(tp);
-        st.holds.drop_partition(*tp);
-        st.waiting.retain(|(p, _), _| p != tp);
+    for point in shared.jobs.let_go(tps) {
+        offset_to_commit(shared, &mut tpl, point);
     }
-    drop(st);
     if tpl.count() > 0 {
         // Store it too: librdkafka commits the stored offsets once more
         // when the partition goes (auto-commit), and a stale stored offset
@@ -162,7 +113,7 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, t
 
 pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     let member = kafka::Membership {
-        group: &shared.group,
+        group: &shared.cfg.worker.group_id,
         session_timeout: shared.cfg.worker.session_timeout,
         instance_id: None,
         // The worker commits every `COMMIT_EVERY` itself (`store_offsets`);
@@ -177,7 +128,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
             shared: shared.clone(),
         },
     )?);
-    let topics: Vec<&str> = shared.topics.iter().map(String::as_str).collect();
+    let topics: Vec<&str> = shared.topics.names.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let keep_alive = {
         let (shared, consumer) = (shared.clone(), consumer.clone());
@@ -189,7 +140,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
     let mut commits = Commits::default();
     let mut swept = Instant::now();
-    while !shared.stop.is_cancelled() {
+    while !shared.signals.stop.is_cancelled() {
         store_offsets(shared, &consumer, &mut commits);
         if swept.elapsed() >= Duration::from_secs(1) {
             swept = Instant::now();
@@ -204,16 +155,16 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         // serves rebalances (each may add one record beyond the bound).
         let mut polled_at_most = Duration::from_millis(50);
         {
-            let mut st = shared.state();
+            let mut st = shared.jobs.lock();
             if st.buffered() >= max_buffered {
                 let resume_below = (max_buffered - max_buffered / 4).max(1);
                 let until = Instant::now() + Duration::from_secs(1);
-                while st.buffered() >= resume_below && !shared.stop.is_cancelled() {
+                while st.buffered() >= resume_below && !shared.signals.stop.is_cancelled() {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
                     }
-                    st = shared.wait_finished(st, left);
+                    st = shared.jobs.wait_finished(st, left);
                     // Commit points move while the buffer drains: store them
                     // now, not after the wait (a worker kept busy would
                     // otherwise store offsets about once a second, and a
@@ -222,7 +173,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
                     if !st.to_store.is_empty() {
                         drop(st);
                         store_offsets(shared, &consumer, &mut commits);
-                        st = shared.state();
+                        st = shared.jobs.lock();
                     }
                 }
                 if st.buffered() >= max_buffered {
@@ -232,9 +183,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
                 }
             }
         }
-        let room = max_buffered
-            .saturating_sub(shared.state().buffered())
-            .clamp(1, 1024);
+        let room = max_buffered.saturating_sub(shared.jobs.buffered()).clamp(1, 1024);
         let mut batch: Vec<BorrowedMessage<'_>> = Vec::new();
         let mut next = consumer.poll(polled_at_most);
         while let Some(r) = next {
@@ -257,7 +206,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
     if keep_alive.join().is_err() {
         warn!("the keep-alive thread panicked");
     }
-    let owned: Vec<Tp> = shared.state().owned.keys().copied().collect();
+    let owned = shared.jobs.owned();
     release(shared, &consumer, &owned);
     consumer.unsubscribe();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -281,12 +230,8 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// group on the coordinator).
 pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, commits: &mut Commits) {
     let mut tpl = TopicPartitionList::new();
-    {
-        let mut st = shared.state();
-        let pending: Vec<(Tp, i64)> = st.to_store.drain().collect();
-        for (tp, offset) in pending {
-            offset_to_commit(shared, &st, &mut tpl, tp, offset);
-        }
+    for point in shared.jobs.take_commit_points() {
+        offset_to_commit(shared, &mut tpl, point);
     }
     if tpl.count() > 0 {
         match consumer.store_offsets(&tpl) {
@@ -341,12 +286,8 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     // first, would otherwise move the commit point past a job still to run.
     // (A batch of jobs only is tracked once, below.)
     if decoded.iter().any(|(.., d)| !is_job(d)) {
-        let mut st = shared.state();
-        for (m, tp, _, d) in &decoded {
-            if is_job(d) && st.owned.contains_key(tp) {
-                st.tracker.read(*tp, m.offset());
-            }
-        }
+        let jobs = decoded.iter().filter(|(.., d)| is_job(d));
+        shared.jobs.track_read(jobs.map(|(m, tp, ..)| (*tp, m.offset())));
     }
     let mut jobs: Vec<Entry> = Vec::with_capacity(decoded.len());
     for (m, tp, view, d) in decoded {
@@ -363,7 +304,7 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     let mut parks = Vec::new();
     let mut early = Vec::new();
     let starts = {
-        let mut st = shared.state();
+        let mut st = shared.jobs.lock();
         for e in jobs {
             if !st.owned.contains_key(&e.tp) {
                 continue;
@@ -376,7 +317,7 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             };
             // A job may start from its run-at less its early allowance.
             if e.instead.is_none() && e.job.earliest_start() > now + tolerance {
-                if shared.holding[e.tp.0] {
+                if shared.topics.holding[e.tp.0] {
                     // Through the keeper, in order with the partition's
                     // parks: a hold that counts a later park then never
                     // counts past a hand-over Kafka may not have.
@@ -390,7 +331,7 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
         }
         // Handed to the keeper under the lock that gave them their park
         // sequence, so that the keeper writes them in that order.
-        shared.keeper.park(std::mem::take(&mut parks));
+        shared.out.keeper.park(std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
     for e in early {
@@ -421,7 +362,7 @@ pub(super) fn dead_letter_record(
         &shared.cfg.topics.dead_letter,
         &shared.cfg.limits,
     ));
-    let raw = shared.raw.clone();
+    let raw = shared.out.raw.clone();
     write_in_background(
         shared,
         tp,
@@ -437,7 +378,7 @@ pub(super) fn dead_letter_record(
 /// A job read before its run-at goes back to the scheduler.
 pub(super) fn hand_to_scheduler(shared: &Arc<Shared>, job: Job, tp: Tp, offset: i64) {
     debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
-    let producer = shared.producer.clone();
+    let producer = shared.out.producer.clone();
     write_in_background(
         shared,
         tp,

@@ -27,7 +27,7 @@ pub(super) fn start_ready(shared: &Shared, st: &mut WorkerState) -> Vec<Start> {
         return starts;
     }
     let now_ms = shared.clock.now().timestamp_millis();
-    while st.running() < shared.concurrency {
+    while st.running() < shared.cfg.worker.concurrency {
         let Some(entry) = st.paced.due.pop_front().or_else(|| st.table.next_ready()) else {
             break;
         };
@@ -63,18 +63,18 @@ pub(super) fn start_ready(shared: &Shared, st: &mut WorkerState) -> Vec<Start> {
 /// The task that starts paced jobs when their turn comes.
 pub(super) async fn release_turns(shared: Arc<Shared>) {
     loop {
-        let next = shared.state().paced.next_turn();
+        let next = shared.jobs.next_turn();
         let now_ms = shared.clock.now().timestamp_millis();
         let sleep = next.map_or(Duration::from_secs(1), |t| {
             Duration::from_millis(t.saturating_sub(now_ms).max(0) as u64)
         });
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = shared.pace_wake.notified() => {}
-            _ = shared.stop.cancelled() => return,
+            _ = shared.signals.pace_wake.notified() => {}
+            _ = shared.signals.stop.cancelled() => return,
         }
         let starts = {
-            let mut st = shared.state();
+            let mut st = shared.jobs.lock();
             let now_ms = shared.clock.now().timestamp_millis();
             if !st.paced.turns_come(now_ms) {
                 continue;

@@ -97,7 +97,7 @@ impl WorkerHandle {
 
 pub(super) fn stats(shared: &Shared) -> WorkerStats {
     let s = &shared.stats;
-    let st = shared.state();
+    let st = shared.jobs.lock();
     WorkerStats {
         started: s.started.load(Ordering::Relaxed),
         succeeded: s.succeeded.load(Ordering::Relaxed),

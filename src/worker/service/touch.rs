@@ -11,7 +11,6 @@ use tracing::debug;
 
 use super::offsets::offset_to_commit;
 use super::{ready, Shared, WorkerState};
-use crate::sync::Lock;
 
 impl Shared {
     /// Whether jobs may start: the group coordinator answered within half
@@ -45,7 +44,7 @@ impl Shared {
     /// for want of an answer start.
     pub(super) fn heard_from_coordinator(&self) {
         let starts = {
-            let mut st = self.state();
+            let mut st = self.jobs.lock();
             st.heard = Some(Instant::now());
             if std::mem::take(&mut st.out_of_touch) {
                 tracing::info!("the group coordinator answered again: starting jobs");
@@ -64,7 +63,7 @@ impl Shared {
 /// must go on serving rebalances (a partition lost is let go, its handlers
 /// cancelled, at once).
 pub(super) fn keep_alive<C: ConsumerContext>(shared: &Shared, consumer: &BaseConsumer<C>, every: Duration) {
-    while !shared.stop.is_cancelled() {
+    while !shared.signals.stop.is_cancelled() {
         std::thread::sleep(every);
         hear_from_coordinator(shared, consumer);
     }
@@ -75,21 +74,16 @@ pub(super) fn keep_alive<C: ConsumerContext>(shared: &Shared, consumer: &BaseCon
 /// stand, synchronously (librdkafka reports the outcome of a manual
 /// asynchronous commit to no callback, only its own timer's).
 fn hear_from_coordinator<C: ConsumerContext>(shared: &Shared, consumer: &BaseConsumer<C>) {
-    let _committing = shared.commit_lock.locked();
+    let _committing = shared.jobs.committing();
+    let Some(points) = shared
+        .jobs
+        .keep_alive_points(shared.cfg.worker.session_timeout / 6)
+    else {
+        return;
+    };
     let mut tpl = TopicPartitionList::new();
-    {
-        let st = shared.state();
-        let stale = st
-            .heard
-            .is_none_or(|t| t.elapsed() >= shared.cfg.worker.session_timeout / 6);
-        if !(stale || st.out_of_touch && st.buffered() > 0) {
-            return;
-        }
-        for tp in st.owned.keys() {
-            if let Some(c) = st.tracker.commit_point(*tp) {
-                offset_to_commit(shared, &st, &mut tpl, *tp, c);
-            }
-        }
+    for point in points {
+        offset_to_commit(shared, &mut tpl, point);
     }
     if tpl.count() > 0 {
         // Stored too, so that librdkafka's own commits never go below.

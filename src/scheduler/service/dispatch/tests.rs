@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use super::*;
 use crate::clock::ManualClock;
 use crate::job::Job;
-use crate::scheduler::service::jobs::Jobs;
+use crate::scheduler::service::jobs::SchedulerJobs;
 use crate::scheduler::store::Change;
 
 const SPAN_MS: i64 = 60_000;
@@ -25,7 +25,7 @@ fn job(key: &str, run_at_ms: i64, seq: u64) -> Change {
 struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
-    jobs: Jobs,
+    jobs: SchedulerJobs,
     clock: ManualClock,
 }
 
@@ -62,7 +62,7 @@ fn set_up_with(jobs: &[(i32, &str, i64)], fair: bool) -> Setup {
     Setup {
         _dir: dir,
         store,
-        jobs: Jobs::new(wheel),
+        jobs: SchedulerJobs::new(wheel),
         clock,
     }
 }

@@ -1,4 +1,4 @@
-//! [`Jobs`]'s transitions, without a broker or a store: a job's way from
+//! [`SchedulerJobs`]'s transitions, without a broker or a store: a job's way from
 //! a read batch to its fire, and what a partition's move waits for.
 
 use chrono::{TimeZone, Utc};
@@ -17,8 +17,8 @@ fn job(key: &str, run_at_ms: i64, seq: u64) -> StoredJob {
 
 /// Partitions 0 and 1 owned, their window loaded up to now + span with
 /// `stored` (as a refill from the store would), room for `capacity` jobs.
-fn jobs_with(capacity: usize, stored: &[(i32, StoredJob)]) -> Jobs {
-    let jobs = Jobs::new(TimerWheel::new(SPAN_MS, capacity));
+fn jobs_with(capacity: usize, stored: &[(i32, StoredJob)]) -> SchedulerJobs {
+    let jobs = SchedulerJobs::new(TimerWheel::new(SPAN_MS, capacity));
     for p in [0, 1] {
         jobs.assign(p);
         let got: Vec<(DueKey, StoredJob)> = stored
@@ -38,7 +38,7 @@ fn read_all() -> HashMap<i32, i64> {
     [(0, i64::MAX), (1, i64::MAX)].into_iter().collect()
 }
 
-fn take(jobs: &Jobs) -> Taken {
+fn take(jobs: &SchedulerJobs) -> Taken {
     jobs.take_round::<()>(NOW, 100, &read_all(), None).unwrap()
 }
 
@@ -46,7 +46,7 @@ fn take(jobs: &Jobs) -> Taken {
 /// claimed and taken as the apply thread does, with its direct candidates
 /// moved to `direct`.
 fn apply_put(
-    jobs: &Jobs,
+    jobs: &SchedulerJobs,
     p: i32,
     s: StoredJob,
 ) -> (HashMap<i32, PartitionBatch>, HashMap<(i32, JobId), Claimed>) {
