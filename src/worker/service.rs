@@ -292,9 +292,9 @@ pub struct Worker {
     shared: Arc<Shared>,
     /// The admin endpoint, bound, served once the worker runs.
     admin: Option<crate::admin::Admin>,
-    /// The drivers' ends of `Shared::drivers`, one each.
+    /// The drivers' ends of `Drivers::inboxes`, one each.
     driver_inboxes: Vec<tokio::sync::mpsc::UnboundedReceiver<Vec<Start>>>,
-    /// The keeper task's end of `Shared::keeper`.
+    /// The keeper task's end of `Writers::keeper`.
     keeper_inbox: tokio::sync::mpsc::UnboundedReceiver<keeper::Request>,
 }
 

@@ -3,7 +3,10 @@
 //! fired or changed), the schedule offsets that direct jobs hold back, and
 //! the fire rounds in flight per partition, behind one lock. The service's
 //! threads and tasks change them only through the transitions below, each
-//! taking the lock once; none reads the store or Kafka under it.
+//! taking the lock once. None reads Kafka under it, nor the store but for
+//! a fair topic's release in [`SchedulerJobs::take_round`], which reads at
+//! most a round's jobs (it also holds up direct offsets and revocations
+//! meanwhile).
 //!
 //! A job's way through them:
 //!

@@ -28,7 +28,7 @@ pub(super) struct WorkerCounters {
     pub(super) start_delay: crate::admin::Histogram,
     /// How long each handler run took.
     pub(super) duration: crate::admin::Histogram,
-    /// Per work topic (as `Shared::topics`): runs started and how they settled.
+    /// Per work topic (as `Topics::names`): runs started and how they settled.
     pub(super) by_topic: Vec<TopicCounts>,
     /// Partition assignments and revocations served.
     pub(super) assigned: AtomicU64,

@@ -277,6 +277,28 @@ fn a_direct_job_handed_over_to_the_store_stops_holding_the_commit() {
     let t = take(&jobs);
     assert_eq!(t.due.len(), 1);
     assert!(t.direct.is_empty(), "a stored job now");
+}
+
+#[test]
+fn a_partition_let_go_forgets_the_offsets_its_direct_jobs_held() {
+    let jobs = jobs_with(100, &[]);
+    let (mut parts, named) = apply_put(&jobs, 0, job("a", NOW - 5, 7));
+    let fallback = jobs.admit(&[], &mut parts, NOW, &named);
+    jobs.settle(&parts, &fallback);
+    assert_eq!(jobs.direct_in_flight(), 1);
+    jobs.revoke(&[0]);
     jobs.let_go(&[0]);
     assert_eq!(jobs.direct_in_flight(), 0);
+    assert_eq!(jobs.offsets_to_store(), vec![], "nothing to commit for a partition let go");
+    assert_eq!(jobs.frontier_after_fires(0), None);
+}
+
+#[test]
+fn a_revoked_partition_fires_nothing_more() {
+    let jobs = jobs_with(100, &[(0, job("a", NOW - 10, 3)), (1, job("b", NOW - 5, 4))]);
+    jobs.revoke(&[1]);
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 1);
+    assert_eq!(t.due[0].1.job.key_lossy(), "a");
+    assert_eq!(t.parts, [0].into_iter().collect(), "no round counted for 1");
 }
