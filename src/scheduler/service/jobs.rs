@@ -1,12 +1,17 @@
 //! The scheduler's jobs in memory, with one owner: [`SchedulerJobs`] keeps the
 //! window (the near future, the owned partitions, which jobs are being
 //! fired or changed), the schedule offsets that direct jobs hold back, and
-//! the fire rounds in flight per partition, behind one lock. The service's
-//! threads and tasks change them only through the transitions below, each
-//! taking the lock once. None reads Kafka under it, nor the store but for
-//! a fair topic's release in [`SchedulerJobs::take_round`], which reads at
-//! most a round's jobs (it also holds up direct offsets and revocations
-//! meanwhile).
+//! the fire rounds in flight per partition. The service's threads and tasks
+//! change them only through the transitions below.
+//!
+//! Each of the three has its own lock, so that the offsets' bookkeeping
+//! (ingest storing offsets, the finisher releasing direct jobs) does not
+//! wait behind a dispatcher's round. Only one transition takes two at once:
+//! [`SchedulerJobs::take_round`] counts its round as firing while it holds
+//! the window's (window, then firing; nothing takes them the other way).
+//! None reads Kafka under a lock, nor the store but for a fair topic's
+//! release in [`SchedulerJobs::take_round`], which reads at most a round's
+//! jobs under the window's.
 //!
 //! A job's way through them:
 //!
@@ -41,22 +46,20 @@ use crate::scheduler::timer_wheel::{Due, TimerWheel};
 use crate::sync::{Lock, Wait};
 use crate::wire::Command;
 
-/// The scheduler's in-memory job state (see the module doc).
+/// The scheduler's jobs in memory (see the module doc).
 pub(super) struct SchedulerJobs {
-    state: Mutex<State>,
+    /// The near future in memory; also the owned partitions, and which
+    /// jobs are being fired or changed.
+    window: Mutex<TimerWheel>,
+    /// Per schedule partition: how far it may be committed, with the direct
+    /// jobs still in flight.
+    direct: Mutex<HashMap<i32, DirectOffsets>>,
+    /// Fire rounds taken and not yet finished, per partition.
+    firing: Mutex<HashMap<i32, usize>>,
     /// Whether the window dispatches some topics fairly (set at start).
     fair: bool,
     /// Signalled when fire rounds are finished.
     round_finished: Condvar,
-}
-
-struct State {
-    window: TimerWheel,
-    /// Per schedule partition: how far it may be committed, with the direct
-    /// jobs still in flight.
-    direct: HashMap<i32, DirectOffsets>,
-    /// Fire rounds taken and not yet finished, per partition.
-    firing: HashMap<i32, usize>,
 }
 
 /// What [`SchedulerJobs::take_round`] took.
@@ -86,15 +89,13 @@ pub(super) type FairStep<'a, E> =
     &'a mut dyn FnMut(&mut TimerWheel, usize) -> Result<(Vec<(DueKey, StoredJob)>, Discovered), E>;
 
 impl SchedulerJobs {
-    /// An empty state over `window`.
+    /// Nothing in flight, over `window`.
     pub(super) fn new(window: TimerWheel) -> SchedulerJobs {
         SchedulerJobs {
             fair: window.fair().is_some(),
-            state: Mutex::new(State {
-                window,
-                direct: HashMap::default(),
-                firing: HashMap::default(),
-            }),
+            window: Mutex::new(window),
+            direct: Mutex::new(HashMap::default()),
+            firing: Mutex::new(HashMap::default()),
             round_finished: Condvar::new(),
         }
     }
@@ -104,8 +105,16 @@ impl SchedulerJobs {
         self.fair
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.locked()
+    fn window(&self) -> MutexGuard<'_, TimerWheel> {
+        self.window.locked()
+    }
+
+    fn direct(&self) -> MutexGuard<'_, HashMap<i32, DirectOffsets>> {
+        self.direct.locked()
+    }
+
+    fn firing(&self) -> MutexGuard<'_, HashMap<i32, usize>> {
+        self.firing.locked()
     }
 
     // --- ingest and apply ---
@@ -114,7 +123,7 @@ impl SchedulerJobs {
     /// is marked so (a cancel or reschedule of it comes too late); any
     /// other is held unfired until the batch is applied ([`SchedulerJobs::admit`]).
     pub(super) fn claim(&self, batches: &mut [ReadBatch]) {
-        let w = &mut self.state().window;
+        let w = &mut *self.window();
         for b in batches {
             for r in &b.records {
                 let id = super::batch::id_of(&r.command);
@@ -139,7 +148,7 @@ impl SchedulerJobs {
     /// fired, a direct job (taken out of the window: the batch replaces or
     /// cancels it), or held.
     pub(super) fn take_named(&self, named: &HashMap<(i32, JobId), Claimed>) -> Vec<((i32, JobId), Claim)> {
-        let w = &mut self.state().window;
+        let w = &mut *self.window();
         named
             .iter()
             .map(|(&(p, id), c)| {
@@ -160,7 +169,7 @@ impl SchedulerJobs {
     /// due on arrival, named once by the batch and held, not of a fair
     /// topic, and where the window mirrors the partition up to them.
     pub(super) fn direct_candidates(&self, p: i32, pb: &PartitionBatch) -> Vec<(usize, JobId)> {
-        let w = &self.state().window;
+        let w = &*self.window();
         pb.due_puts
             .iter()
             .filter_map(|&i| match &pb.changes[i] {
@@ -182,7 +191,7 @@ impl SchedulerJobs {
     /// Set each partition's first offset not handled once its batch is
     /// persisted: direct jobs in flight (those of the batch too) hold it back.
     pub(super) fn frontier(&self, parts: &mut HashMap<i32, PartitionBatch>) {
-        let held = &self.state().direct;
+        let held = &*self.direct();
         for (p, pb) in parts.iter_mut() {
             if !pb.changes.is_empty() {
                 // A partition with no entry yet (just assigned) still has this
@@ -213,16 +222,24 @@ impl SchedulerJobs {
         now_ms: i64,
         named: &HashMap<(i32, JobId), Claimed>,
     ) -> HashMap<i32, PartitionBatch> {
-        let mut st = self.state();
-        let State { window, direct, .. } = &mut *st;
+        // The direct jobs hold their offsets before the dispatcher can see
+        // them (the direct lock, then the window's, never both at once).
+        {
+            let mut direct = self.direct();
+            for (p, pb) in parts.iter() {
+                let d = direct.entry(*p).or_default();
+                for s in &pb.direct {
+                    d.hold(s.seq as i64);
+                }
+            }
+        }
+        let window = &mut *self.window();
         let mut fallback: HashMap<i32, PartitionBatch> = HashMap::default();
         window.follow(applied);
         for (p, pb) in parts.iter_mut() {
-            let d = direct.entry(*p).or_default();
             for s in pb.direct.drain(..) {
                 let k = DueKey::of(*p, &s);
                 let (id, offset) = (s.job.id, s.seq);
-                d.hold(offset as i64);
                 match window.add_direct(k, s, now_ms) {
                     None => debug!(job_id = %id, partition = p, offset, "due on arrival: firing from memory"),
                     Some(s) => fallback.entry(*p).or_default().changes.push(Change::Put(s)),
@@ -240,7 +257,7 @@ impl SchedulerJobs {
     /// Stored changes the window follows (jobs persisted outside a batch's
     /// [`SchedulerJobs::admit`]).
     pub(super) fn follow(&self, applied: &[Applied]) {
-        self.state().window.follow(applied);
+        self.window().follow(applied);
     }
 
     /// The batch is persisted (and its `fallback` jobs): its offsets may be
@@ -250,7 +267,7 @@ impl SchedulerJobs {
         parts: &HashMap<i32, PartitionBatch>,
         fallback: &HashMap<i32, PartitionBatch>,
     ) {
-        let direct = &mut self.state().direct;
+        let direct = &mut *self.direct();
         for (p, pb) in parts {
             let d = direct.entry(*p).or_default();
             for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
@@ -273,19 +290,24 @@ impl SchedulerJobs {
         before_ms: i64,
         lane: impl Fn(i32) -> bool,
     ) -> Vec<(DueKey, StoredJob)> {
-        self.state().window.persist_direct_older(before_ms, lane)
+        self.window().persist_direct_older(before_ms, lane)
     }
 
     /// The jobs of [`SchedulerJobs::take_old_direct`] were written to the store
     /// (`applied`; `None`: the write failed): their partitions fire again,
     /// and once stored they are stored jobs and stop holding offsets.
     pub(super) fn handed_over(&self, jobs: &[(DueKey, StoredJob)], applied: Option<&[Applied]>) {
-        let mut st = self.state();
-        st.window.persisted(jobs);
-        if let Some(applied) = applied {
-            st.window.follow(applied);
+        {
+            let mut w = self.window();
+            w.persisted(jobs);
+            if let Some(applied) = applied {
+                w.follow(applied);
+            }
+        }
+        if applied.is_some() {
+            let mut direct = self.direct();
             for (k, _) in jobs {
-                if let Some(d) = st.direct.get_mut(&k.partition) {
+                if let Some(d) = direct.get_mut(&k.partition) {
                     d.release(k.seq as i64);
                 }
             }
@@ -305,8 +327,8 @@ impl SchedulerJobs {
         until: &HashMap<i32, i64>,
         fair: Option<FairStep<'_, E>>,
     ) -> Result<Taken, E> {
-        let mut st = self.state();
-        let w = &mut st.window;
+        let mut w = self.window();
+        let w = &mut *w;
         let Due {
             jobs: mut due,
             mut held,
@@ -325,10 +347,11 @@ impl SchedulerJobs {
         }
         let (next_ms, refill_ms) = (w.next_after_ms(now_ms), w.refill_due_ms());
         let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
-        // Under the same lock: a revocation that takes a partition out of
-        // the window next then waits for this round.
+        // Under the window's lock: a revocation that takes a partition out
+        // of the window next then waits for this round.
+        let mut firing = self.firing();
         for p in &parts {
-            *st.firing.entry(*p).or_insert(0) += 1;
+            *firing.entry(*p).or_insert(0) += 1;
         }
         Ok(Taken {
             due,
@@ -353,7 +376,7 @@ impl SchedulerJobs {
         if direct.is_empty() {
             return 0;
         }
-        let offsets = &mut self.state().direct;
+        let offsets = &mut *self.direct();
         let before = done.len();
         done.retain(|(k, _)| {
             if !direct.contains_key(k) {
@@ -370,7 +393,7 @@ impl SchedulerJobs {
     /// Which of `done` were put again under their id since they were taken
     /// (the changelog keeps the new put: no tombstone for them).
     pub(super) fn put_again(&self, done: &[&(DueKey, StoredJob)]) -> HashSet<(i32, JobId)> {
-        let w = &self.state().window;
+        let w = &*self.window();
         done.iter()
             .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
             .map(|(k, s)| (k.partition, s.job.id))
@@ -380,7 +403,7 @@ impl SchedulerJobs {
     /// The first schedule offset of `p` not handled, with the direct jobs
     /// fired so far (`None`: nothing ingested from `p` here).
     pub(super) fn frontier_after_fires(&self, p: i32) -> Option<i64> {
-        let next = self.state().direct.get(&p)?.safe() + 1;
+        let next = self.direct().get(&p)?.safe() + 1;
         debug!(
             partition = p,
             schedule_next = next,
@@ -401,7 +424,7 @@ impl SchedulerJobs {
     ) {
         // Deleted from the store and the window together: a change read
         // from now on finds the job gone, not being fired.
-        let w = &mut self.state().window;
+        let w = &mut *self.window();
         w.follow(applied);
         w.fired(due);
         w.put_back(retry, direct);
@@ -410,7 +433,7 @@ impl SchedulerJobs {
     /// The rounds taken with these partition sets are finished (or given up).
     pub(super) fn rounds_done<'a>(&self, parts: impl IntoIterator<Item = &'a HashSet<i32>>) {
         {
-            let firing = &mut self.state().firing;
+            let firing = &mut *self.firing();
             for p in parts.into_iter().flatten() {
                 if let Some(n) = firing.get_mut(p) {
                     *n -= 1;
@@ -428,13 +451,13 @@ impl SchedulerJobs {
     /// Own `partition` (after it caught up with its changelog): its jobs
     /// load on the next refill.
     pub(super) fn assign(&self, partition: i32) {
-        self.state().window.add_partition(partition);
+        self.window().add_partition(partition);
     }
 
     /// Stop firing from `parts`: they leave the window (their jobs in
     /// memory are dropped).
     pub(super) fn revoke(&self, parts: &[i32]) {
-        let w = &mut self.state().window;
+        let w = &mut *self.window();
         for p in parts {
             w.remove_partition(*p);
         }
@@ -443,25 +466,25 @@ impl SchedulerJobs {
     /// Wait until no round taken from `parts` is in flight; false if some
     /// still are at `deadline`.
     pub(super) fn wait_idle(&self, parts: &[i32], deadline: Instant) -> bool {
-        let mut st = self.state();
+        let mut firing = self.firing();
         loop {
-            if !parts.iter().any(|p| st.firing.contains_key(p)) {
+            if !parts.iter().any(|p| firing.contains_key(p)) {
                 return true;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            st = self
+            firing = self
                 .round_finished
-                .waiting_at_most(st, left.min(Duration::from_millis(100)));
+                .waiting_at_most(firing, left.min(Duration::from_millis(100)));
         }
     }
 
     /// `parts` are let go: their direct offsets are forgotten (the next
     /// owner reads the records of direct jobs not fired again).
     pub(super) fn let_go(&self, parts: &[i32]) {
-        let direct = &mut self.state().direct;
+        let direct = &mut *self.direct();
         for p in parts {
             direct.remove(p);
         }
@@ -470,7 +493,7 @@ impl SchedulerJobs {
     /// Per partition, the last offset that may be committed, where it moved
     /// since the last call.
     pub(super) fn offsets_to_store(&self) -> Vec<(i32, i64)> {
-        let direct = &mut self.state().direct;
+        let direct = &mut *self.direct();
         direct
             .iter_mut()
             .filter_map(|(p, d)| d.offset_to_store().map(|o| (*p, o)))
@@ -481,29 +504,29 @@ impl SchedulerJobs {
 
     /// Forget fair tenants with nothing waiting and no recent service left.
     pub(super) fn sweep_fair(&self, now_ms: i64) {
-        self.state().window.sweep_fair(now_ms);
+        self.window().sweep_fair(now_ms);
     }
 
     /// The partitions owned, in order.
     pub(super) fn partitions(&self) -> Vec<i32> {
-        self.state().window.partitions()
+        self.window().partitions()
     }
 
     /// The partitions owned and the jobs in memory.
     pub(super) fn owned_and_in_memory(&self) -> (Vec<i32>, usize) {
-        let w = &self.state().window;
+        let w = &*self.window();
         (w.partitions(), w.len())
     }
 
     /// Direct jobs whose offsets are still held.
     pub(super) fn direct_in_flight(&self) -> usize {
-        self.state().direct.values().map(DirectOffsets::in_flight).sum()
+        self.direct().values().map(DirectOffsets::in_flight).sum()
     }
 
     /// The fair window's jobs buffered, tenants waiting and tenants known
     /// per topic (`None`: no fair topics).
     pub(super) fn fair_counts(&self) -> Option<FairCounts> {
-        let w = &self.state().window;
+        let w = &*self.window();
         w.fair()
             .map(|f| (f.buffered(), f.tenants_waiting(), f.tenants_known()))
     }
@@ -514,7 +537,7 @@ impl SchedulerJobs {
         &self,
         topics: impl IntoIterator<Item = &'a String>,
     ) -> Option<Vec<String>> {
-        let w = &self.state().window;
+        let w = &*self.window();
         let fair = w.fair()?;
         Some(
             topics
@@ -531,7 +554,7 @@ pub(super) type FairCounts = (usize, Vec<(String, usize)>, Vec<(String, usize)>)
 
 impl WindowLock for SchedulerJobs {
     fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R {
-        f(&mut self.state().window)
+        f(&mut self.window())
     }
 }
 

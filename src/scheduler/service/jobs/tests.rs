@@ -289,7 +289,11 @@ fn a_partition_let_go_forgets_the_offsets_its_direct_jobs_held() {
     jobs.revoke(&[0]);
     jobs.let_go(&[0]);
     assert_eq!(jobs.direct_in_flight(), 0);
-    assert_eq!(jobs.offsets_to_store(), vec![], "nothing to commit for a partition let go");
+    assert_eq!(
+        jobs.offsets_to_store(),
+        vec![],
+        "nothing to commit for a partition let go"
+    );
     assert_eq!(jobs.frontier_after_fires(0), None);
 }
 
