@@ -42,6 +42,22 @@ fn take(jobs: &SchedulerJobs) -> Taken {
     jobs.take_round::<()>(NOW, 100, &read_all(), None).unwrap()
 }
 
+/// Claim a read batch of one record, `command` at `offset` of `p`; what
+/// it names, and how each stood.
+fn claim_one(jobs: &SchedulerJobs, p: i32, offset: i64, command: Command) -> HashMap<(i32, JobId), Claimed> {
+    let mut read = [ReadBatch {
+        records: vec![Record {
+            partition: p,
+            offset,
+            command,
+        }],
+        ..ReadBatch::default()
+    }];
+    jobs.claim(&mut read);
+    let [b] = read;
+    b.named
+}
+
 /// An ingest batch of partition `p` that puts `s` (due now) at its offset,
 /// claimed and taken as the apply thread does, with its direct candidates
 /// moved to `direct`.
@@ -51,21 +67,12 @@ fn apply_put(
     s: StoredJob,
 ) -> (HashMap<i32, PartitionBatch>, HashMap<(i32, JobId), Claimed>) {
     let offset = s.seq as i64;
-    let mut read = [ReadBatch {
-        records: vec![Record {
-            partition: p,
-            offset,
-            command: Command::Schedule(s.job.clone()),
-        }],
-        ..ReadBatch::default()
-    }];
-    jobs.claim(&mut read);
-    let [b] = read;
+    let named = claim_one(jobs, p, offset, Command::Schedule(s.job.clone()));
     let mut pb = PartitionBatch {
         last_offset: offset,
         ..PartitionBatch::default()
     };
-    for ((_, id), claim) in jobs.take_named(&b.named) {
+    for ((_, id), claim) in jobs.take_named(&named) {
         pb.ids.insert(
             id,
             Named {
@@ -85,7 +92,7 @@ fn apply_put(
     }
     let mut parts: HashMap<i32, PartitionBatch> = HashMap::default();
     parts.insert(p, pb);
-    (parts, b.named)
+    (parts, named)
 }
 
 #[test]
@@ -156,16 +163,7 @@ fn a_direct_job_the_window_has_no_room_for_comes_back_to_be_persisted() {
 fn a_job_named_by_a_batch_read_is_not_taken_until_the_batch_is_admitted() {
     let stored = job("a", NOW - 10, 3);
     let jobs = jobs_with(100, &[(0, stored.clone())]);
-    let mut read = [ReadBatch {
-        records: vec![Record {
-            partition: 0,
-            offset: 9,
-            command: Command::Cancel(stored.job.id),
-        }],
-        ..ReadBatch::default()
-    }];
-    jobs.claim(&mut read);
-    let named = &read[0].named;
+    let named = &claim_one(&jobs, 0, 9, Command::Cancel(stored.job.id));
     assert!(!named[&(0, stored.job.id)].firing);
     assert!(take(&jobs).due.is_empty(), "held while the batch is applied");
     let claims = jobs.take_named(named);
@@ -187,19 +185,7 @@ fn a_job_named_while_it_is_fired_is_claimed_as_firing_until_the_round_is_finishe
     let jobs = jobs_with(100, &[(0, stored.clone())]);
     let t = take(&jobs);
     assert_eq!(t.due.len(), 1);
-    let cancel = |offset| {
-        let mut read = [ReadBatch {
-            records: vec![Record {
-                partition: 0,
-                offset,
-                command: Command::Cancel(stored.job.id),
-            }],
-            ..ReadBatch::default()
-        }];
-        jobs.claim(&mut read);
-        let [b] = read;
-        b.named
-    };
+    let cancel = |offset| claim_one(&jobs, 0, offset, Command::Cancel(stored.job.id));
     let named = cancel(9);
     assert!(named[&(0, stored.job.id)].firing, "a cancel now comes too late");
     assert!(matches!(jobs.take_named(&named)[..], [(_, Claim::Firing)]));
@@ -217,15 +203,7 @@ fn a_put_of_a_job_being_fired_keeps_the_changelog_from_its_tombstone() {
     let t = take(&jobs);
     let done: Vec<&(DueKey, StoredJob)> = t.due.iter().collect();
     assert!(jobs.put_again(&done).is_empty());
-    let mut read = [ReadBatch {
-        records: vec![Record {
-            partition: 0,
-            offset: 9,
-            command: Command::Schedule(stored.job.clone()),
-        }],
-        ..ReadBatch::default()
-    }];
-    jobs.claim(&mut read);
+    claim_one(&jobs, 0, 9, Command::Schedule(stored.job.clone()));
     assert_eq!(jobs.put_again(&done), [(0, stored.job.id)].into_iter().collect());
 }
 
