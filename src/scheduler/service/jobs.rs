@@ -27,6 +27,8 @@
 //!    [`SchedulerJobs::rounds_done`];
 //! 5. partitions: [`SchedulerJobs::assign`], [`SchedulerJobs::revoke`], [`SchedulerJobs::wait_idle`],
 //!    [`SchedulerJobs::let_go`].
+//!
+//! The transitions that touch only the direct offsets are in [`offsets`].
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -188,28 +190,6 @@ impl SchedulerJobs {
             .collect()
     }
 
-    /// Set each partition's first offset not handled once its batch is
-    /// persisted: direct jobs in flight (those of the batch too) hold it back.
-    pub(super) fn frontier(&self, parts: &mut HashMap<i32, PartitionBatch>) {
-        let held = &*self.direct();
-        for (p, pb) in parts.iter_mut() {
-            if !pb.changes.is_empty() {
-                // A partition with no entry yet (just assigned) still has this
-                // batch's direct jobs to hold the frontier back.
-                let holding = pb.direct.iter().map(|s| s.seq as i64);
-                let first =
-                    DirectOffsets::first_unhandled_of(held.get(p), pb.last_offset, holding, &pb.released());
-                debug!(
-                    partition = *p,
-                    schedule_next = first,
-                    last_offset = pb.last_offset,
-                    "schedule frontier"
-                );
-                pb.schedule_next = Some(first);
-            }
-        }
-    }
-
     /// A persisted batch enters: the store's `applied` changes are followed,
     /// the batch's direct jobs hold their offsets and enter the window
     /// beside them (one run-at order for the dispatcher), and the jobs the
@@ -258,28 +238,6 @@ impl SchedulerJobs {
     /// [`SchedulerJobs::admit`]).
     pub(super) fn follow(&self, applied: &[Applied]) {
         self.window().follow(applied);
-    }
-
-    /// The batch is persisted (and its `fallback` jobs): its offsets may be
-    /// committed, up to the direct jobs still in flight.
-    pub(super) fn settle(
-        &self,
-        parts: &HashMap<i32, PartitionBatch>,
-        fallback: &HashMap<i32, PartitionBatch>,
-    ) {
-        let direct = &mut *self.direct();
-        for (p, pb) in parts {
-            let d = direct.entry(*p).or_default();
-            for c in fallback.get(p).map(|f| &f.changes[..]).unwrap_or(&[]) {
-                if let Change::Put(s) = c {
-                    d.release(s.seq as i64);
-                }
-            }
-            for offset in pb.released() {
-                d.release(offset);
-            }
-            d.ingested(pb.last_offset);
-        }
     }
 
     /// The direct jobs of the partitions `lane` picks that entered the
@@ -336,7 +294,7 @@ impl SchedulerJobs {
         let direct = w.take_direct(&due);
         let fair_from = due.len();
         let mut fair_more = false;
-        if let Some(fair) = fair.filter(|_| self.fair) {
+        if let Some(fair) = fair {
             let (jobs, found) = fair(w, max.saturating_sub(due.len()))?;
             due.extend(jobs);
             for (p, at) in found.held {
@@ -365,31 +323,6 @@ impl SchedulerJobs {
         })
     }
 
-    /// Take the direct jobs out of `done` (fired or dead-lettered): nothing
-    /// is stored for them, and their schedule offsets may now be committed.
-    /// Returns how many there were.
-    pub(super) fn release_direct(
-        &self,
-        done: &mut Vec<&(DueKey, StoredJob)>,
-        direct: &HashMap<DueKey, i64>,
-    ) -> u64 {
-        if direct.is_empty() {
-            return 0;
-        }
-        let offsets = &mut *self.direct();
-        let before = done.len();
-        done.retain(|(k, _)| {
-            if !direct.contains_key(k) {
-                return true;
-            }
-            if let Some(d) = offsets.get_mut(&k.partition) {
-                d.release(k.seq as i64);
-            }
-            false
-        });
-        (before - done.len()) as u64
-    }
-
     /// Which of `done` were put again under their id since they were taken
     /// (the changelog keeps the new put: no tombstone for them).
     pub(super) fn put_again(&self, done: &[&(DueKey, StoredJob)]) -> HashSet<(i32, JobId)> {
@@ -398,18 +331,6 @@ impl SchedulerJobs {
             .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
             .map(|(k, s)| (k.partition, s.job.id))
             .collect()
-    }
-
-    /// The first schedule offset of `p` not handled, with the direct jobs
-    /// fired so far (`None`: nothing ingested from `p` here).
-    pub(super) fn frontier_after_fires(&self, p: i32) -> Option<i64> {
-        let next = self.direct().get(&p)?.safe() + 1;
-        debug!(
-            partition = p,
-            schedule_next = next,
-            "schedule frontier after fires"
-        );
-        Some(next)
     }
 
     /// A finisher round is written: the window follows the store's
@@ -481,25 +402,6 @@ impl SchedulerJobs {
         }
     }
 
-    /// `parts` are let go: their direct offsets are forgotten (the next
-    /// owner reads the records of direct jobs not fired again).
-    pub(super) fn let_go(&self, parts: &[i32]) {
-        let direct = &mut *self.direct();
-        for p in parts {
-            direct.remove(p);
-        }
-    }
-
-    /// Per partition, the last offset that may be committed, where it moved
-    /// since the last call.
-    pub(super) fn offsets_to_store(&self) -> Vec<(i32, i64)> {
-        let direct = &mut *self.direct();
-        direct
-            .iter_mut()
-            .filter_map(|(p, d)| d.offset_to_store().map(|o| (*p, o)))
-            .collect()
-    }
-
     // --- upkeep and reports ---
 
     /// Forget fair tenants with nothing waiting and no recent service left.
@@ -516,11 +418,6 @@ impl SchedulerJobs {
     pub(super) fn owned_and_in_memory(&self) -> (Vec<i32>, usize) {
         let w = &*self.window();
         (w.partitions(), w.len())
-    }
-
-    /// Direct jobs whose offsets are still held.
-    pub(super) fn direct_in_flight(&self) -> usize {
-        self.direct().values().map(DirectOffsets::in_flight).sum()
     }
 
     /// The fair window's jobs buffered, tenants waiting and tenants known
@@ -557,6 +454,8 @@ impl WindowLock for SchedulerJobs {
         f(&mut self.window())
     }
 }
+
+mod offsets;
 
 #[cfg(test)]
 mod tests;
