@@ -27,11 +27,11 @@
 //!   or a record of it is ingested.
 
 mod apply;
-mod backlog;
 mod batch;
 mod direct;
 mod dispatch;
 mod draining;
+mod fair_release;
 mod finish;
 mod fire;
 mod ingest;
@@ -119,8 +119,9 @@ struct Shared {
     kafka: Clients,
     /// Stop and wake-ups.
     signals: Signals,
-    /// Fair topics' jobs released and not yet finished by the workers.
-    backlog: backlog::Backlog,
+    /// How many jobs fair topics may release: their backlogs, and the
+    /// watch on those releasing nothing.
+    fair: fair_release::FairRelease,
     stats: SchedulerCounters,
 }
 
@@ -260,7 +261,8 @@ impl Scheduler {
         // After the store: its lock keeps a second process off this directory.
         let instance_id = super::instance::group_instance_id(cfg)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
-        let mut wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
+        let mut fair = None;
         if !cfg.fair.topics.is_empty() {
             let f = &cfg.fair;
             let weights = crate::scheduler::fair::Weights {
@@ -270,7 +272,7 @@ impl Scheduler {
             let now_ms = clock.now().timestamp_millis();
             // Fair jobs buffered: a share of the window's capacity.
             let buffered = (s.window_capacity / 4).max(crate::scheduler::fair::LANE_JOBS);
-            wheel.set_fair(crate::scheduler::fair::FairWindow::new(
+            fair = Some(crate::scheduler::fair::FairWindow::new(
                 &f.topics,
                 weights,
                 f.half_life.as_millis() as i64,
@@ -287,7 +289,7 @@ impl Scheduler {
                 cfg: cfg.clone(),
                 clock,
                 store,
-                jobs: SchedulerJobs::new(wheel),
+                jobs: SchedulerJobs::new(wheel, fair),
                 reads: Reads {
                     caught_up: Mutex::new(CaughtUp::new(s.max_clock_skew.as_millis() as i64)),
                     probe,
@@ -308,7 +310,7 @@ impl Scheduler {
                     stop: CancellationToken::new(),
                     fatal: Mutex::new(None),
                 },
-                backlog: backlog::Backlog::new(&cfg.fair.topics),
+                fair: fair_release::FairRelease::new(&cfg.fair.topics),
                 stats: SchedulerCounters::default(),
             }),
         })
@@ -396,7 +398,7 @@ impl Scheduler {
             Some(
                 std::thread::Builder::new()
                     .name("kairos-backlog".into())
-                    .spawn(move || backlog::backlog_loop(&b, &b.backlog))
+                    .spawn(move || fair_release::backlog_loop(&b, b.fair.backlog()))
                     .map_err(|e| SchedulerError::Fatal(e.to_string()))?,
             )
         };

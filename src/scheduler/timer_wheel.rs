@@ -30,7 +30,6 @@ use std::collections::BTreeMap;
 use crate::hash::{HashMap, HashSet};
 
 use crate::job::JobId;
-use crate::scheduler::fair::FairWindow;
 use crate::scheduler::store::{Applied, DueKey};
 use crate::scheduler::stored::StoredJob;
 
@@ -92,9 +91,6 @@ pub struct TimerWheel {
     /// of each (a retry put again while its earlier run fires can be taken
     /// too, and put back: that must not end the earlier one's firing).
     firing: HashMap<(i32, JobId), u32>,
-    /// The same, of fair topics, by where they are stored (the fair window
-    /// must not mistake a job put again under a firing id for the one firing).
-    fair_firing: HashSet<DueKey>,
     /// Jobs being fired that a schedule record read since puts again (a
     /// worker's retry), with the latest such record's offset: a fire of a
     /// version stored from an earlier record must not tombstone the new put.
@@ -107,9 +103,10 @@ pub struct TimerWheel {
     /// Numbers refills, so a refill of a partition let go and taken again
     /// meanwhile is told apart.
     next_ticket: u64,
-    /// Due jobs of fair topics, waiting to be released (`None`: no fair
-    /// topics). Their jobs never enter `entries`.
-    fair: Option<FairWindow>,
+    /// Topics whose jobs never enter `entries` (fair topics: their jobs
+    /// wait in the fair lanes); their jobs count as firing and changing here
+    /// all the same.
+    kept_out: HashSet<String>,
 }
 
 /// What [`TimerWheel::take_due`] found.
@@ -134,12 +131,11 @@ impl TimerWheel {
             persisting: HashSet::default(),
             direct_ids: HashMap::default(),
             firing: HashMap::default(),
-            fair_firing: HashSet::default(),
             put_again: HashMap::default(),
             changing: HashMap::default(),
             refilling: None,
             next_ticket: 0,
-            fair: None,
+            kept_out: HashSet::default(),
         }
     }
 
@@ -147,17 +143,11 @@ impl TimerWheel {
     pub fn add_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
         self.horizons.insert(partition, None);
-        if let Some(f) = &mut self.fair {
-            f.add_partition(partition);
-        }
     }
 
     /// Stop tracking `partition` and drop its jobs from memory.
     pub fn remove_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
-        if let Some(f) = &mut self.fair {
-            f.remove_partition(partition);
-        }
         self.persisting.remove(&partition);
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
@@ -287,9 +277,6 @@ impl TimerWheel {
                     }
                 }
             }
-            if !self.fair_firing.is_empty() {
-                self.fair_firing.remove(k);
-            }
         }
     }
 
@@ -353,18 +340,12 @@ impl TimerWheel {
             match a {
                 Applied::Removed(k, _) => {
                     self.entries.remove(k);
-                    if let Some(f) = &mut self.fair {
-                        f.removed(k);
+                }
+                Applied::Added(k, job) => {
+                    if self.mirrors(k) && !self.keeps_out(&job.job.topic) {
+                        self.entries.insert(*k, job.clone());
                     }
                 }
-                Applied::Added(k, job) => match &mut self.fair {
-                    Some(f) if f.is_fair(&job.job.topic) => f.added(*k, job, &self.fair_firing),
-                    _ => {
-                        if self.mirrors(k) {
-                            self.entries.insert(*k, job.clone());
-                        }
-                    }
-                },
             }
         }
         self.shrink();
@@ -442,7 +423,7 @@ impl TimerWheel {
                 *h = (*h).max(k.run_at_ms);
                 skipped = true;
             } else if !self.mirrors(k)
-                || (!self.changing.is_empty() && self.changing.contains_key(&(k.partition, j.job.id)))
+                || self.is_changing(k.partition, &j.job.id)
                 || (!self.persisting.is_empty() && self.persisting.contains(&k.partition))
             {
                 skipped = true;
@@ -470,14 +451,13 @@ impl TimerWheel {
         Due { jobs, held }
     }
 
-    /// Put back jobs that could not be fired (their partition still owned);
-    /// those in `direct` are direct jobs again. Their firing is ended apart,
-    /// with the rest of their round ([`TimerWheel::fired`]).
+    /// Put back jobs that could not be fired (their partition still owned;
+    /// not of a topic kept out); those in `direct` are direct jobs again.
+    /// Their firing is ended apart, with the rest of their round
+    /// ([`TimerWheel::fired`]).
     pub fn put_back(&mut self, jobs: Vec<(DueKey, StoredJob)>, direct: &HashMap<DueKey, i64>) {
         for (k, j) in jobs {
-            if let Some(f) = self.fair.as_mut().filter(|f| f.is_fair(&j.job.topic)) {
-                f.put_back(k, j);
-            } else if self.owns(k.partition) {
+            if self.owns(k.partition) && !self.keeps_out(&j.job.topic) {
                 if let Some(since) = direct.get(&k) {
                     self.direct.insert(k, *since);
                     self.direct_ids.insert((k.partition, j.job.id), k);
@@ -489,7 +469,7 @@ impl TimerWheel {
     }
 }
 
-mod fair;
+mod kept_out;
 mod refill;
 pub use refill::RefillRead;
 use refill::Refilling;

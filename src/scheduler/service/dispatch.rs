@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::finish::{finish_loop, FINISH_ROUND_JOBS};
 use super::fire::{start_fire, FireBatch};
-use super::jobs::{FairStep, SchedulerJobs};
+use super::jobs::SchedulerJobs;
 use super::Shared;
 
 use crate::clock::Clock;
@@ -19,7 +19,6 @@ use crate::scheduler::refill::{refill, WindowLock};
 use crate::scheduler::store::DueKey;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::stored::StoredJob;
-use crate::scheduler::timer_wheel::TimerWheel;
 
 pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let max_sleep = Duration::from_secs(1);
@@ -37,7 +36,6 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
     let (to_finish, inbox) = tokio::sync::mpsc::unbounded_channel();
     let finisher = tokio::spawn(finish_loop(shared.clone(), inbox));
     let mut holding = Holding::default();
-    let mut stalled = Stalled::default();
     loop {
         if shared.signals.stop.is_cancelled() {
             break;
@@ -48,7 +46,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
         if shared.reads.fire_unread.load(Ordering::Relaxed) {
             until.values_mut().for_each(|u| *u = i64::MAX);
         }
-        let allowance = fair_allowance(&shared);
+        let allowance = shared.fair.allowance(&shared);
         let round = Round::take(
             &shared.jobs,
             &shared.store,
@@ -78,17 +76,7 @@ pub(super) async fn dispatch_loop(shared: Arc<Shared>) {
             shared.signals.cascade_wanted.notify_one();
         }
         holding.update(&shared, &held, now);
-        let mut released: HashMap<&str, usize> = HashMap::default();
-        for (_, s) in &due[fair_from..] {
-            *released.entry(s.job.topic.as_str()).or_default() += 1;
-        }
-        for (topic, n) in &released {
-            shared.backlog.released(topic, *n as u64);
-            if allowance.get(*topic).is_some_and(|a| n >= a) {
-                shared.backlog.capped(topic);
-            }
-        }
-        stalled.update(&shared, &released, &allowance);
+        shared.fair.after_round(&shared, &due[fair_from..], &allowance);
         if !due.is_empty() {
             let writes = start_fire(&shared, &due).await;
             let jobs = due.len().clamp(1, FINISH_QUEUE_JOBS) as u32;
@@ -168,27 +156,21 @@ impl Round {
         } else {
             false
         };
-        // Fair topics: as many as their backlogs allow, in fair order, read
-        // no further than each partition's cascade point (looked up before
-        // the window's lock is taken).
-        let fair_until = if !jobs.has_fair() {
-            None
-        } else {
-            let (until, behind) = below_cascade(store, until, now_ms)?;
+        let mut taken = jobs.take_round(now_ms, max, until);
+        if jobs.has_fair() {
+            // Fair topics, after the window's round: as many as their
+            // backlogs allow and the round has room for, in fair order,
+            // read no further than each partition's cascade point.
+            let (fair_until, behind) = below_cascade(store, until, now_ms)?;
             behind_cascade |= behind;
-            Some(until)
-        };
-        let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
-        let mut fair = |w: &mut TimerWheel, room: usize| {
+            let room = max.saturating_sub(taken.due.len());
             let allowance: HashMap<String, usize> = allowance
                 .iter()
                 .map(|(t, n)| (t.clone(), (*n).min(room)))
                 .collect();
-            let until = fair_until.as_ref().unwrap_or(until);
-            w.take_fair(now_ms, until, &allowance, &mut read)
-        };
-        let step: Option<FairStep<'_, StoreError>> = fair_until.is_some().then_some(&mut fair as _);
-        let taken = jobs.take_round(now_ms, max, until, step)?;
+            let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
+            jobs.release_fair(now_ms, &fair_until, &allowance, &mut read, &mut taken)?;
+        }
         // Jobs due but held wake the dispatcher when their partition has
         // been read further (ingest and probes notify); a window held back
         // by the cascade point, when the cascader has moved it.
@@ -228,22 +210,6 @@ fn below_cascade(
         out.insert(*p, (*u).min(cascaded_to.saturating_sub(1)));
     }
     Ok((out, behind))
-}
-
-/// Jobs of each fair topic this instance may release now: its share of
-/// the topic's backlog target (by the schedule partitions it owns) less the
-/// topic's backlog.
-fn fair_allowance(shared: &Shared) -> HashMap<String, usize> {
-    let fair = &shared.cfg.fair;
-    if fair.topics.is_empty() {
-        return HashMap::default();
-    }
-    let owned = shared.jobs.partitions().len() as u64;
-    let total = (shared.cfg.topics.schedule_partitions.max(1) as u64).max(owned);
-    let share = owned as f64 / total as f64;
-    shared
-        .backlog
-        .allowance(fair.backlog_target, fair.backlog_time, share)
 }
 
 /// About how many fired jobs may wait for the finisher (four of its rounds).
@@ -289,10 +255,6 @@ impl Holding {
         }
     }
 }
-
-mod stalled;
-
-use stalled::Stalled;
 
 #[cfg(test)]
 mod tests;

@@ -1,17 +1,18 @@
 //! The scheduler's jobs in memory, with one owner: [`SchedulerJobs`] keeps the
 //! window (the near future, the owned partitions, which jobs are being
-//! fired or changed), the schedule offsets that direct jobs hold back, and
-//! the fire rounds in flight per partition. The service's threads and tasks
-//! change them only through the transitions below.
+//! fired or changed), the fair topics' lanes beside it (see [`fair`]), the
+//! schedule offsets that direct jobs hold back, and the fire rounds in
+//! flight per partition. The service's threads and tasks change them only
+//! through the transitions below.
 //!
-//! Each of the three has its own lock, so that the offsets' bookkeeping
+//! Each of the four has its own lock, so that the offsets' bookkeeping
 //! (ingest storing offsets, the finisher releasing direct jobs) does not
-//! wait behind a dispatcher's round. Only one transition takes two at once:
-//! [`SchedulerJobs::take_round`] counts its round as firing while it holds
-//! the window's (window, then firing; nothing takes them the other way).
-//! None reads Kafka under a lock, nor the store but for a fair topic's
-//! release in [`SchedulerJobs::take_round`], which reads at most a round's
-//! jobs under the window's.
+//! wait behind a dispatcher's round, and a fair release's store reads hold
+//! up no one but the fair lanes. Locks taken together go in one order:
+//! fair lanes, window, rounds ([`SchedulerJobs::take_round`] counts its
+//! round under the window's; [`SchedulerJobs::release_fair`] takes all
+//! three at its end). None reads Kafka under a lock, nor the store but a
+//! fair release, which reads at most a round's jobs under the fair lanes'.
 //!
 //! A job's way through them:
 //!
@@ -21,7 +22,8 @@
 //!    [`SchedulerJobs::direct_candidates`], [`SchedulerJobs::frontier`], then, once the
 //!    batch is persisted, [`SchedulerJobs::admit`] it (stored and direct jobs enter
 //!    the window together) and [`SchedulerJobs::settle`] its offsets;
-//! 3. dispatch: [`SchedulerJobs::take_round`] what is due;
+//! 3. dispatch: [`SchedulerJobs::take_round`] what is due in the window, then
+//!    [`SchedulerJobs::release_fair`] what fair topics may release;
 //! 4. finish: [`SchedulerJobs::release_direct`], [`SchedulerJobs::put_again`],
 //!    [`SchedulerJobs::frontier_after_fires`], [`SchedulerJobs::finished`], then
 //!    [`SchedulerJobs::rounds_done`];
@@ -40,7 +42,7 @@ use super::direct::DirectOffsets;
 
 use crate::hash::{HashMap, HashSet};
 use crate::job::JobId;
-use crate::scheduler::fair::Discovered;
+use crate::scheduler::fair::FairWindow;
 use crate::scheduler::refill::WindowLock;
 use crate::scheduler::store::{Applied, Change, DueKey};
 use crate::scheduler::stored::StoredJob;
@@ -58,8 +60,12 @@ pub(super) struct SchedulerJobs {
     direct: Mutex<HashMap<i32, DirectOffsets>>,
     /// Fire rounds taken and not yet finished, per partition.
     firing: Mutex<HashMap<i32, usize>>,
-    /// Whether the window dispatches some topics fairly (set at start).
-    fair: bool,
+    /// The fair topics' lanes (`None`: no fair topics).
+    fair: Option<Mutex<FairJobs>>,
+    /// The fair topics (set at start).
+    fair_topics: HashSet<String>,
+    /// How far ahead of now the window reaches, in ms.
+    span_ms: i64,
     /// Signalled when fire rounds are finished.
     round_finished: Condvar,
 }
@@ -85,26 +91,35 @@ pub(super) struct Taken {
     pub(super) refill_ms: Option<i64>,
 }
 
-/// The fair part of a round: given the window and the room left in the
-/// round, the fair jobs released and what was found.
-pub(super) type FairStep<'a, E> =
-    &'a mut dyn FnMut(&mut TimerWheel, usize) -> Result<(Vec<(DueKey, StoredJob)>, Discovered), E>;
-
 impl SchedulerJobs {
-    /// Nothing in flight, over `window`.
-    pub(super) fn new(window: TimerWheel) -> SchedulerJobs {
+    /// Nothing in flight, over `window`, and over `fair`'s lanes for the
+    /// fair topics (their jobs are kept out of the window).
+    pub(super) fn new(mut window: TimerWheel, fair: Option<FairWindow>) -> SchedulerJobs {
+        let fair_topics: HashSet<String> = fair.iter().flat_map(|f| f.topics().map(str::to_string)).collect();
+        window.keep_out(&fair_topics.iter().cloned().collect::<Vec<_>>());
         SchedulerJobs {
-            fair: window.fair().is_some(),
+            span_ms: window.span_ms(),
             window: Mutex::new(window),
             direct: Mutex::new(HashMap::default()),
             firing: Mutex::new(HashMap::default()),
+            fair: fair.map(|f| Mutex::new(fair::fair_jobs(f))),
+            fair_topics,
             round_finished: Condvar::new(),
         }
     }
 
     /// Whether some topics are dispatched fairly.
     pub(super) fn has_fair(&self) -> bool {
-        self.fair
+        self.fair.is_some()
+    }
+
+    /// Whether `topic` is dispatched fairly.
+    fn is_fair(&self, topic: &str) -> bool {
+        !self.fair_topics.is_empty() && self.fair_topics.contains(topic)
+    }
+
+    fn fair_lanes(&self) -> Option<MutexGuard<'_, FairJobs>> {
+        self.fair.as_ref().map(Lock::locked)
     }
 
     fn window(&self) -> MutexGuard<'_, TimerWheel> {
@@ -180,7 +195,7 @@ impl SchedulerJobs {
                         .ids
                         .get(&s.job.id)
                         .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
-                        && !w.is_fair(&s.job.topic)
+                        && !self.is_fair(&s.job.topic)
                         && w.may_add_direct(&DueKey::of(p, s)) =>
                 {
                     Some((i, s.job.id))
@@ -202,6 +217,11 @@ impl SchedulerJobs {
         now_ms: i64,
         named: &HashMap<(i32, JobId), Claimed>,
     ) -> HashMap<i32, PartitionBatch> {
+        // The fair lanes follow the store before the window lets the jobs
+        // the batch changed go (a lane must not release a job cancelled).
+        if let Some(mut f) = self.fair_lanes() {
+            f.follow(applied);
+        }
         // The direct jobs hold their offsets before the dispatcher can see
         // them (the direct lock, then the window's, never both at once).
         {
@@ -237,6 +257,9 @@ impl SchedulerJobs {
     /// Stored changes the window follows (jobs persisted outside a batch's
     /// [`SchedulerJobs::admit`]).
     pub(super) fn follow(&self, applied: &[Applied]) {
+        if let Some(mut f) = self.fair_lanes() {
+            f.follow(applied);
+        }
         self.window().follow(applied);
     }
 
@@ -274,35 +297,17 @@ impl SchedulerJobs {
 
     // --- dispatch and finish ---
 
-    /// Take what is due at `now_ms` (at most `max`), holding back a
-    /// partition's jobs due after `until` (how far it has been read); then
-    /// `fair` releases jobs of fair topics into the room left. The round's
-    /// partitions count as firing until [`SchedulerJobs::rounds_done`].
-    pub(super) fn take_round<E>(
-        &self,
-        now_ms: i64,
-        max: usize,
-        until: &HashMap<i32, i64>,
-        fair: Option<FairStep<'_, E>>,
-    ) -> Result<Taken, E> {
+    /// Take what is due in the window at `now_ms` (at most `max`), holding
+    /// back a partition's jobs due after `until` (how far it has been read).
+    /// The round's partitions count as firing until
+    /// [`SchedulerJobs::rounds_done`]; [`SchedulerJobs::release_fair`] may
+    /// add fair jobs to it.
+    pub(super) fn take_round(&self, now_ms: i64, max: usize, until: &HashMap<i32, i64>) -> Taken {
         let mut w = self.window();
         let w = &mut *w;
-        let Due {
-            jobs: mut due,
-            mut held,
-        } = w.take_due(now_ms, max, until);
+        let Due { jobs: due, held } = w.take_due(now_ms, max, until);
         let direct = w.take_direct(&due);
         let fair_from = due.len();
-        let mut fair_more = false;
-        if let Some(fair) = fair {
-            let (jobs, found) = fair(w, max.saturating_sub(due.len()))?;
-            due.extend(jobs);
-            for (p, at) in found.held {
-                let h = held.entry(p).or_insert(at);
-                *h = (*h).max(at);
-            }
-            fair_more = found.more;
-        }
         let (next_ms, refill_ms) = (w.next_after_ms(now_ms), w.refill_due_ms());
         let parts: HashSet<i32> = due.iter().map(|(k, _)| k.partition).collect();
         // Under the window's lock: a revocation that takes a partition out
@@ -311,16 +316,16 @@ impl SchedulerJobs {
         for p in &parts {
             *firing.entry(*p).or_insert(0) += 1;
         }
-        Ok(Taken {
+        Taken {
             due,
             direct,
             parts,
             held,
             fair_from,
-            fair_more,
+            fair_more: false,
             next_ms,
             refill_ms,
-        })
+        }
     }
 
     /// Which of `done` were put again under their id since they were taken
@@ -340,9 +345,13 @@ impl SchedulerJobs {
         &self,
         applied: &[Applied],
         due: &[(DueKey, StoredJob)],
-        retry: Vec<(DueKey, StoredJob)>,
+        mut retry: Vec<(DueKey, StoredJob)>,
         direct: &HashMap<DueKey, i64>,
     ) {
+        if let Some(mut f) = self.fair_lanes() {
+            f.follow(applied);
+            f.finished(due, &mut retry);
+        }
         // Deleted from the store and the window together: a change read
         // from now on finds the job gone, not being fired.
         let w = &mut *self.window();
@@ -372,12 +381,20 @@ impl SchedulerJobs {
     /// Own `partition` (after it caught up with its changelog): its jobs
     /// load on the next refill.
     pub(super) fn assign(&self, partition: i32) {
+        if let Some(mut f) = self.fair_lanes() {
+            f.lanes.add_partition(partition);
+        }
         self.window().add_partition(partition);
     }
 
     /// Stop firing from `parts`: they leave the window (their jobs in
     /// memory are dropped).
     pub(super) fn revoke(&self, parts: &[i32]) {
+        if let Some(mut f) = self.fair_lanes() {
+            for p in parts {
+                f.lanes.remove_partition(*p);
+            }
+        }
         let w = &mut *self.window();
         for p in parts {
             w.remove_partition(*p);
@@ -406,7 +423,9 @@ impl SchedulerJobs {
 
     /// Forget fair tenants with nothing waiting and no recent service left.
     pub(super) fn sweep_fair(&self, now_ms: i64) {
-        self.window().sweep_fair(now_ms);
+        if let Some(mut f) = self.fair_lanes() {
+            f.lanes.sweep(now_ms);
+        }
     }
 
     /// The partitions owned, in order.
@@ -423,9 +442,9 @@ impl SchedulerJobs {
     /// The fair window's jobs buffered, tenants waiting and tenants known
     /// per topic (`None`: no fair topics).
     pub(super) fn fair_counts(&self) -> Option<FairCounts> {
-        let w = &*self.window();
-        w.fair()
-            .map(|f| (f.buffered(), f.tenants_waiting(), f.tenants_known()))
+        let f = self.fair_lanes()?;
+        let l = &f.lanes;
+        Some((l.buffered(), l.tenants_waiting(), l.tenants_known()))
     }
 
     /// Which of `topics` have due jobs waiting in the fair window (`None`:
@@ -434,12 +453,11 @@ impl SchedulerJobs {
         &self,
         topics: impl IntoIterator<Item = &'a String>,
     ) -> Option<Vec<String>> {
-        let w = &*self.window();
-        let fair = w.fair()?;
+        let f = self.fair_lanes()?;
         Some(
             topics
                 .into_iter()
-                .filter(|t| fair.is_waiting(t))
+                .filter(|t| f.lanes.is_waiting(t))
                 .cloned()
                 .collect(),
         )
@@ -455,7 +473,10 @@ impl WindowLock for SchedulerJobs {
     }
 }
 
+mod fair;
 mod offsets;
+
+use fair::FairJobs;
 
 #[cfg(test)]
 mod tests;

@@ -118,9 +118,12 @@ pub(super) fn fair_status(shared: &Shared) -> FairStatus {
     }
     let (buffered, tenants_waiting, tenants_known) = shared.jobs.fair_counts().unwrap_or_default();
     FairStatus {
-        backlog: shared.backlog.current(),
-        target: shared.backlog.targets(fair.backlog_target, fair.backlog_time),
-        released: shared.backlog.released_total(),
+        backlog: shared.fair.backlog().current(),
+        target: shared
+            .fair
+            .backlog()
+            .targets(fair.backlog_target, fair.backlog_time),
+        released: shared.fair.backlog().released_total(),
         tenants_waiting,
         tenants_known,
         buffered,

@@ -83,10 +83,10 @@ impl TimerWheel {
         }
         let full = got.len() >= read.room;
         let last = got.last().map(|(k, _)| *k);
-        // Jobs of fair topics wait in the fair window, not here.
+        // Jobs of the topics kept out wait elsewhere, not here.
         let mut got = got;
-        if let Some(f) = &self.fair {
-            got.retain(|(_, j)| !f.is_fair(&j.job.topic));
+        if !self.kept_out.is_empty() {
+            got.retain(|(_, j)| !self.keeps_out(&j.job.topic));
         }
         if got.len() >= self.entries.len() {
             // Merging costs the size of both maps, and builds the scanned
@@ -113,7 +113,7 @@ impl TimerWheel {
         let fresh = |k: &DueKey| new_h.covers(k) && !read.horizon.is_some_and(|h| h.covers(k));
         for a in refilling.log {
             match a {
-                Applied::Added(k, job) if fresh(&k) && !self.is_fair(&job.job.topic) => {
+                Applied::Added(k, job) if fresh(&k) && !self.keeps_out(&job.job.topic) => {
                     self.entries.insert(k, job);
                 }
                 Applied::Removed(k, _) if fresh(&k) => {

@@ -10,6 +10,7 @@ use crate::clock::ManualClock;
 use crate::job::Job;
 use crate::scheduler::service::jobs::SchedulerJobs;
 use crate::scheduler::store::Change;
+use crate::scheduler::timer_wheel::TimerWheel;
 
 const SPAN_MS: i64 = 60_000;
 
@@ -46,23 +47,21 @@ fn set_up_with(jobs: &[(i32, &str, i64)], fair: bool) -> Setup {
             .apply(*p, &[job(key, start + ms, seq as u64)], None)
             .unwrap();
     }
-    let mut wheel = TimerWheel::new(SPAN_MS, 1000);
-    if fair {
+    let fair = fair.then(|| {
         let topics = ["emails".to_string()];
         let weights = crate::scheduler::fair::Weights::default();
-        wheel.set_fair(crate::scheduler::fair::FairWindow::new(
-            &topics, weights, 60_000, 1000, start,
-        ));
-    }
+        crate::scheduler::fair::FairWindow::new(&topics, weights, 60_000, 1000, start)
+    });
+    let jobs = SchedulerJobs::new(TimerWheel::new(SPAN_MS, 1000), fair);
     for p in [0, 1] {
         // As on assignment: the cascade point three windows ahead.
         cascade(&store, p, start + 3 * SPAN_MS);
-        wheel.add_partition(p);
+        jobs.assign(p);
     }
     Setup {
         _dir: dir,
         store,
-        jobs: SchedulerJobs::new(wheel),
+        jobs,
         clock,
     }
 }

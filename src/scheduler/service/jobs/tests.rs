@@ -18,7 +18,7 @@ fn job(key: &str, run_at_ms: i64, seq: u64) -> StoredJob {
 /// Partitions 0 and 1 owned, their window loaded up to now + span with
 /// `stored` (as a refill from the store would), room for `capacity` jobs.
 fn jobs_with(capacity: usize, stored: &[(i32, StoredJob)]) -> SchedulerJobs {
-    let jobs = SchedulerJobs::new(TimerWheel::new(SPAN_MS, capacity));
+    let jobs = SchedulerJobs::new(TimerWheel::new(SPAN_MS, capacity), None);
     for p in [0, 1] {
         jobs.assign(p);
         let got: Vec<(DueKey, StoredJob)> = stored
@@ -39,7 +39,7 @@ fn read_all() -> HashMap<i32, i64> {
 }
 
 fn take(jobs: &SchedulerJobs) -> Taken {
-    jobs.take_round::<()>(NOW, 100, &read_all(), None).unwrap()
+    jobs.take_round(NOW, 100, &read_all())
 }
 
 /// Claim a read batch of one record, `command` at `offset` of `p`; what
@@ -284,3 +284,5 @@ fn a_revoked_partition_fires_nothing_more() {
     assert_eq!(t.due[0].1.job.key_lossy(), "a");
     assert_eq!(t.parts, [0].into_iter().collect(), "no round counted for 1");
 }
+
+mod fair;

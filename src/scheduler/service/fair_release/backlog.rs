@@ -125,26 +125,26 @@ impl Pace {
 
 /// Per fair topic, what was released and what the workers have not finished.
 #[derive(Default)]
-pub(super) struct Backlog {
+pub(in crate::scheduler::service) struct Backlog {
     topics: HashMap<String, Topic>,
 }
 
 impl Backlog {
-    pub(super) fn new(topics: &[String]) -> Self {
+    pub(in crate::scheduler::service) fn new(topics: &[String]) -> Self {
         Backlog {
             topics: topics.iter().map(|t| (t.clone(), Topic::default())).collect(),
         }
     }
 
     /// `n` jobs of `topic` were released.
-    pub(super) fn released(&self, topic: &str, n: u64) {
+    pub(in crate::scheduler::service) fn released(&self, topic: &str, n: u64) {
         if let Some(t) = self.topics.get(topic) {
             t.released.fetch_add(n, Ordering::Relaxed);
         }
     }
 
     /// A round released all of `topic`'s allowance.
-    pub(super) fn capped(&self, topic: &str) {
+    pub(in crate::scheduler::service) fn capped(&self, topic: &str) {
         if let Some(t) = self.topics.get(topic) {
             t.capped.store(true, Ordering::Relaxed);
         }
@@ -154,7 +154,12 @@ impl Backlog {
     /// first read): the topic's target ([`Backlog::targets`]) times `share`
     /// (of an instance that owns part of the schedule partitions), less the
     /// backlog.
-    pub(super) fn allowance(&self, floor: u64, time: Duration, share: f64) -> HashMap<String, usize> {
+    pub(in crate::scheduler::service) fn allowance(
+        &self,
+        floor: u64,
+        time: Duration,
+        share: f64,
+    ) -> HashMap<String, usize> {
         self.topics
             .iter()
             .map(|(name, t)| {
@@ -166,7 +171,7 @@ impl Backlog {
 
     /// Each fair topic's backlog target: `floor`, or what the workers
     /// finish in `time` at their recent pace when that is more.
-    pub(super) fn targets(&self, floor: u64, time: Duration) -> Vec<(String, i64)> {
+    pub(in crate::scheduler::service) fn targets(&self, floor: u64, time: Duration) -> Vec<(String, i64)> {
         let mut out: Vec<(String, i64)> = self
             .topics
             .iter()
@@ -177,7 +182,7 @@ impl Backlog {
     }
 
     /// Each fair topic's backlog as last counted.
-    pub(super) fn current(&self) -> Vec<(String, i64)> {
+    pub(in crate::scheduler::service) fn current(&self) -> Vec<(String, i64)> {
         let mut out: Vec<(String, i64)> = self
             .topics
             .iter()
@@ -188,7 +193,7 @@ impl Backlog {
     }
 
     /// Jobs released since start, per fair topic.
-    pub(super) fn released_total(&self) -> Vec<(String, u64)> {
+    pub(in crate::scheduler::service) fn released_total(&self) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = self
             .topics
             .iter()
@@ -256,7 +261,7 @@ impl Topic {
 
 /// Read the worker group's lag on every fair topic each poll interval, and
 /// wake the dispatcher after each read. Runs until the scheduler stops.
-pub(super) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
+pub(in crate::scheduler::service) fn backlog_loop(shared: &Shared, backlog: &Backlog) {
     let cfg = &shared.cfg;
     let every = cfg.fair.poll_interval;
     let timeout = cfg.kafka.produce_timeout.min(Duration::from_secs(5));

@@ -7,8 +7,12 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use super::super::{fair_status, FairStatus};
-use super::{Shared, HELD_WARNING};
+use super::Shared;
 use crate::hash::HashMap;
+
+/// How long a fair topic may release nothing while it could before it is
+/// logged (then again as often).
+const STALL_WARNING: Duration = Duration::from_secs(5);
 
 /// How long a fair topic may release nothing for want of allowance (the
 /// workers finishing nothing of the backlog) before it is logged.
@@ -46,7 +50,7 @@ impl Stalled {
             let (since, logged) = self.since.entry(topic.clone()).or_insert((Instant::now(), None));
             // A full backlog is the workers' pace, said only when it lasts.
             let can = allowance.get(&topic).is_some_and(|n| *n > 0);
-            let after = if can { HELD_WARNING } else { SLOW_WORKERS };
+            let after = if can { STALL_WARNING } else { SLOW_WORKERS };
             if logged.unwrap_or(*since).elapsed() < after {
                 continue;
             }
