@@ -39,6 +39,12 @@ pub(crate) enum Command {
         /// Distinct entity keys.
         #[arg(long, default_value_t = 30)]
         keys: usize,
+        /// Longest delay of the sample jobs (e.g. 8s).
+        #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
+        max_delay: std::time::Duration,
+        /// At the end, print what the demo saw as one line of JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the scheduler service: hold future jobs on disk, fire them on time.
     Scheduler,

@@ -15,11 +15,11 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
 use crate::dev_broker::DevBroker;
-use crate::scheduler::Scheduler;
-use crate::worker::{Outcome, Worker};
-use crate::{Job, JobId, Producer};
+use kairos::config::Config;
+use kairos::scheduler::Scheduler;
+use kairos::worker::{Outcome, Worker};
+use kairos::{Job, JobId, Producer};
 
 mod fair;
 mod held;
@@ -50,7 +50,7 @@ impl Default for DemoOptions {
 }
 
 /// What the demo saw.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct DemoSummary {
     /// Jobs written.
     pub written: usize,
@@ -129,13 +129,16 @@ pub async fn run(
     }
     let result = run_on(cfg.clone(), opts, on_cluster, fair_topic, held_topic).await;
     if on_cluster {
-        match crate::topics::delete(&cfg).await {
+        match kairos::topics::delete(&cfg).await {
             Ok(gone) => println!("cleanup    deleted the demo's {} topics ({prefix}.*)", gone.len()),
             Err(e) => println!("cleanup    could not delete the demo's topics ({prefix}.*): {e}"),
         }
     }
     result.map(|s| DemoSummary {
-        topics: crate::topics::planned(&cfg).into_iter().map(|(t, _)| t).collect(),
+        topics: kairos::topics::planned(&cfg)
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect(),
         ..s
     })
 }
@@ -164,7 +167,7 @@ async fn run_on(
     cfg.worker.max_attempts = 3;
     cfg.worker.backoff_base = Duration::from_millis(500);
     cfg.worker.concurrency = 32;
-    if cfg.kafka.group_protocol == crate::config::GroupProtocol::Classic {
+    if cfg.kafka.group_protocol == kairos::config::GroupProtocol::Classic {
         // Under the consumer protocol the broker keeps the session.
         cfg.kafka
             .consumer
@@ -173,7 +176,7 @@ async fn run_on(
     cfg.fair.topics = vec![fair_topic.clone()];
     cfg.worker
         .on_failure_by_topic
-        .insert(held_topic.clone(), crate::config::OnFailure::HoldKey);
+        .insert(held_topic.clone(), kairos::config::OnFailure::HoldKey);
     cfg.fair.backlog_target = 200;
     let _dev = if on_cluster {
         println!(
@@ -181,7 +184,7 @@ async fn run_on(
             cfg.kafka.brokers,
             cfg.topics.schedule.trim_end_matches(".schedule")
         );
-        crate::topics::init(&cfg).await.map_err(failed)?;
+        kairos::topics::init(&cfg).await.map_err(failed)?;
         None
     } else {
         let dev = DevBroker::start(&cfg).map_err(failed)?;
@@ -388,6 +391,7 @@ async fn run_on(
                 "dead-lettered".to_string()
             }
             Outcome::RateLimited { until } => format!("rate limited until {}", until.format("%H:%M:%S%.3f")),
+            other => format!("{other:?}"),
         };
         let interesting = job.attempt > 1 || !matches!(ev.outcome, Outcome::Done { .. });
         if shown < 12 || interesting || finished.len().is_multiple_of(50) {

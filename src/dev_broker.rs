@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use rdkafka::mocking::MockCluster;
 
-use crate::config::Config;
+use kairos::config::Config;
 
 /// A running development broker; stops when dropped.
 pub struct DevBroker {
@@ -33,7 +33,7 @@ pub struct DevBrokerError(String);
 impl DevBroker {
     /// Start a one-node mock cluster with every topic of `config` created.
     pub fn start(config: &Config) -> Result<Self, DevBrokerError> {
-        let topics = crate::topics::planned(config);
+        let topics = kairos::topics::planned(config);
         let (tx_addr, rx_addr) = mpsc::channel::<Result<String, String>>();
         let (tx_stop, rx_stop) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()

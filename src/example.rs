@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::job::Job;
-use crate::worker::{JobContext, Outcome};
+use kairos::job::Job;
+use kairos::worker::{JobContext, Outcome};
 
 /// What the payload asks of the example handler.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

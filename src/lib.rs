@@ -24,22 +24,15 @@
 //!   changelog, ingest and dispatch.
 //! - [`worker`]: the worker library: lock table, offset tracker, retries,
 //!   dead letters, follow-ups, rebalances.
-//! - [`example`]: the example handler behind `kairos worker` and the demo.
-//! - [`demo`]: `kairos demo`, the whole system on one machine, visible.
 //! - [`dlq`]: the dead-letter topic for operators: list, replay.
 //! - [`keys`]: keys held by workers, for operators: list, release.
-//! - [`dev_broker`]: an in-process development broker for trying Kairos
-//!   without Kafka.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod clock;
 pub mod config;
-pub mod demo;
-pub mod dev_broker;
 pub mod dlq;
-pub mod example;
 #[doc(hidden)]
 pub mod hash;
 pub mod job;

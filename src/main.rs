@@ -13,6 +13,9 @@ use kairos::{Job, Producer};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod cli;
+mod demo;
+mod dev_broker;
+mod example;
 
 use cli::{Cli, Command, DlqCommand, KeysCommand, TopicsCommand};
 
@@ -139,22 +142,30 @@ async fn main() -> anyhow::Result<()> {
             let id = write.await.context("enqueue")?;
             println!("{id}");
         }
-        Command::Demo { jobs, keys } => {
-            let opts = kairos::demo::DemoOptions {
+        Command::Demo {
+            jobs,
+            keys,
+            max_delay,
+            json,
+        } => {
+            let opts = demo::DemoOptions {
                 jobs,
                 keys,
-                ..Default::default()
+                max_delay,
             };
-            kairos::demo::run(cfg, opts, cli.brokers.clone()).await?;
+            let seen = demo::run(cfg, opts, cli.brokers.clone()).await?;
+            if json {
+                println!("{}", serde_json::to_string(&seen)?);
+            }
         }
         Command::Scheduler => {
             let scheduler = kairos::scheduler::Scheduler::builder(&cfg).build()?;
             scheduler.run_until(terminated()).await?;
         }
         Command::Worker { events } => {
-            let log = events.as_ref().map(kairos::example::EventLog::open).transpose()?;
+            let log = events.as_ref().map(example::EventLog::open).transpose()?;
             let worker = kairos::worker::Worker::builder(&cfg)
-                .build(move |job, ctx| kairos::example::handle(job, ctx, log.clone()))?;
+                .build(move |job, ctx| example::handle(job, ctx, log.clone()))?;
             worker.run_until(terminated()).await?;
         }
         Command::Stats {

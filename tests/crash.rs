@@ -453,12 +453,10 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                     format!("seq={seq} work=2 fail={fail}").into_bytes(),
                 );
                 job.tenant = mode.tenant(k, keys);
+                fails.insert(job.id, fail);
                 (job, delay)
             })
             .collect();
-        for (j, _) in &round {
-            fails.insert(j.id, kairos::example::Instructions::parse(&j.payload).fail);
-        }
         rounds.push(round);
     }
     let total = fails.len();

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
 use super::{failed, DemoError};
-use crate::{Job, Producer};
+use kairos::{Job, Producer};
 
 /// Jobs the flooding tenant writes at once.
 const FLOOD: usize = 3_000;

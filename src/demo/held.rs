@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
 use super::{failed, DemoError};
-use crate::worker::Outcome;
-use crate::{Job, Producer};
+use kairos::worker::Outcome;
+use kairos::{Job, Producer};
 
 /// The held key, and a key beside it.
 const HELD: &str = "order-7";

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::{failed, DemoError};
-use crate::config::Config;
-use crate::scheduler::SchedulerHandle;
-use crate::JobId;
+use kairos::config::Config;
+use kairos::scheduler::SchedulerHandle;
+use kairos::JobId;
 
 /// Once the scheduler holds about `delayed` jobs (or after 5 s), print them
 /// by when they come due, and one of them by id.
@@ -25,13 +25,13 @@ pub(super) async fn held(
     }
     let c = cfg.clone();
     let (held, job) = tokio::task::spawn_blocking(move || {
-        let held = crate::overview::schedulers(&c, &[addr], false);
-        let job = crate::overview::find_job(&c, &[addr], &example.to_string());
+        let held = kairos::overview::schedulers(&c, &[addr], false);
+        let job = kairos::overview::find_job(&c, &[addr], &example.to_string());
         (held, job)
     })
     .await
     .map_err(failed)?;
-    let spans: Vec<String> = crate::overview::DUE_SPANS
+    let spans: Vec<String> = kairos::overview::DUE_SPANS
         .iter()
         .map(|d| format!("{} {d}", held.pending_by_due.get(*d).copied().unwrap_or(0)))
         .collect();
@@ -66,7 +66,7 @@ pub(super) async fn after_run(
     ];
     for (addr, prefix) in scraped {
         let Some(addr) = addr else { continue };
-        let (_, text) = tokio::task::spawn_blocking(move || crate::admin::get(addr, "/metrics", None))
+        let (_, text) = tokio::task::spawn_blocking(move || kairos::admin::get(addr, "/metrics", None))
             .await
             .map_err(failed)?
             .map_err(failed)?;
@@ -91,7 +91,7 @@ pub(super) async fn after_run(
     }
     // What `kairos dlq list` shows an operator now.
     let c = cfg.clone();
-    let dead = tokio::task::spawn_blocking(move || crate::dlq::list(&c, &crate::dlq::Filter::default()))
+    let dead = tokio::task::spawn_blocking(move || kairos::dlq::list(&c, &kairos::dlq::Filter::default()))
         .await
         .map_err(failed)?
         .map_err(failed)?;
@@ -107,7 +107,7 @@ pub(super) async fn after_run(
     }
     // And what `kairos stats` shows.
     let c = cfg.clone();
-    let figures = tokio::task::spawn_blocking(move || crate::overview::topics(&c))
+    let figures = tokio::task::spawn_blocking(move || kairos::overview::topics(&c))
         .await
         .map_err(failed)?
         .map_err(failed)?;

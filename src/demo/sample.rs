@@ -8,7 +8,7 @@ use std::future::IntoFuture;
 use chrono::{DateTime, Utc};
 
 use super::{failed, DemoError, DemoOptions, MOVED_BY_MS};
-use crate::{Job, JobId, Producer};
+use kairos::{Job, JobId, Producer};
 
 /// The jobs written, and what was changed of them.
 pub(super) struct Sample {
@@ -63,7 +63,7 @@ pub(super) async fn write(producer: &Producer, work: &str, opts: &DemoOptions) -
         .skip(10)
         .step_by(20)
         .map(|j| {
-            let at = crate::job::truncate_to_millis(j.run_at + chrono::Duration::milliseconds(MOVED_BY_MS));
+            let at = kairos::job::truncate_to_millis(j.run_at + chrono::Duration::milliseconds(MOVED_BY_MS));
             (j.id, at)
         })
         .collect();

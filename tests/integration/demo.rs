@@ -5,7 +5,26 @@
 //! groups of its own: a job waiting in the configured topics is not
 //! touched, and the demo's topics are gone afterwards.
 
-use crate::common::Broker;
+use std::time::Duration;
+
+use crate::common::{wait_for, Broker, ChildGuard};
+
+/// What `kairos demo --json` prints last (the fields checked here).
+#[derive(Debug, serde::Deserialize)]
+struct Summary {
+    written: usize,
+    done: usize,
+    dead: usize,
+    retries: usize,
+    early: usize,
+    overlaps: usize,
+    out_of_order: usize,
+    cancelled: usize,
+    changes_ignored: usize,
+    fair_waits: std::collections::BTreeMap<String, (usize, i64, i64)>,
+    held_key: Vec<u32>,
+    topics: Vec<String>,
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_runs_on_kafka_and_its_summary_keeps_the_guarantees() {
@@ -22,14 +41,37 @@ async fn the_demo_runs_on_kafka_and_its_summary_keeps_the_guarantees() {
         .enqueue(kairos::Job::new(theirs, "theirs", b"x".to_vec()).at(due))
         .await
         .unwrap();
-    let opts = kairos::demo::DemoOptions {
-        jobs: 120,
-        keys: 12,
-        max_delay: std::time::Duration::from_secs(4),
-    };
-    let s = kairos::demo::run(cfg, opts, Some(broker.bootstrap()))
-        .await
-        .expect("the demo ran");
+    // The command a newcomer runs, on this cluster, its summary as JSON.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kairos.toml");
+    std::fs::write(&file, toml::to_string(&cfg).unwrap()).unwrap();
+    let out_path = dir.path().join("demo.out");
+    let mut child = ChildGuard(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kairos"))
+            .arg("--config")
+            .arg(&file)
+            .args(["--brokers", &broker.bootstrap()])
+            .args([
+                "demo",
+                "--jobs",
+                "120",
+                "--keys",
+                "12",
+                "--max-delay",
+                "4s",
+                "--json",
+            ])
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .spawn()
+            .expect("kairos demo starts"),
+    );
+    let status = wait_for("the demo to end", Duration::from_secs(300), || {
+        child.try_wait().expect("the demo's status")
+    });
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    assert!(status.success(), "the demo failed ({status}):\n{out}");
+    let last = out.lines().last().expect("the demo printed its summary");
+    let s: Summary = serde_json::from_str(last).expect("the summary as JSON");
     assert_eq!(s.written, 120);
     assert_eq!(s.done + s.dead, s.written - s.cancelled, "every job ended: {s:?}");
     assert!(
