@@ -17,7 +17,10 @@
 //! *Direct* jobs (see `scheduler/service/direct.rs`) are due jobs that are not
 //! in the store: they enter only where the window already mirrors the store
 //! (so they fire in order with stored jobs), at most half the capacity of
-//! them, and they are never dropped to make room.
+//! them, and they are never dropped to make room. A direct job's place is
+//! reserved when it is picked ([`TimerWheel::reserve_direct`]): until it
+//! enters, its partition's horizon is not pulled back before it, so that it
+//! can enter whatever jobs the window takes in meanwhile.
 //!
 //! The window also knows which jobs are being fired (taken, not yet
 //! finished) and which an ingest batch is changing (a cancel, reschedule or
@@ -25,7 +28,7 @@
 //! comes too late, and a job being changed is not taken until the change is
 //! applied. Both sets hold jobs in memory anyway; nothing for waiting jobs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::hash::{HashMap, HashSet};
 
@@ -82,6 +85,10 @@ pub struct TimerWheel {
     /// Entries that are direct jobs (not in the store), with when (clock
     /// ms) each entered.
     direct: HashMap<DueKey, i64>,
+    /// Places reserved for direct jobs picked and not yet added, per
+    /// partition, and how many in all.
+    reserved: HashMap<i32, BTreeSet<DueKey>>,
+    reserved_len: usize,
     /// Partitions whose direct jobs are being persisted: none of their jobs
     /// is taken meanwhile, so firing order holds.
     persisting: HashSet<i32>,
@@ -128,6 +135,8 @@ impl TimerWheel {
             span_ms: span_ms.max(1),
             capacity: capacity.max(1),
             direct: HashMap::default(),
+            reserved: HashMap::default(),
+            reserved_len: 0,
             persisting: HashSet::default(),
             direct_ids: HashMap::default(),
             firing: HashMap::default(),
@@ -142,12 +151,14 @@ impl TimerWheel {
     /// Start tracking `partition` (its jobs load on the next refill).
     pub fn add_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
+        self.forget_reserved(partition);
         self.horizons.insert(partition, None);
     }
 
     /// Stop tracking `partition` and drop its jobs from memory.
     pub fn remove_partition(&mut self, partition: i32) {
         self.forget_refill(partition);
+        self.forget_reserved(partition);
         self.persisting.remove(&partition);
         self.horizons.remove(&partition);
         self.entries.retain(|k, _| k.partition != partition);
@@ -157,9 +168,62 @@ impl TimerWheel {
     }
 
     /// Whether a direct job at `k` may enter: its partition is mirrored up
-    /// to `k` and direct jobs fill less than half the capacity.
+    /// to `k` and direct jobs (with the places reserved) fill less than half
+    /// the capacity.
     pub fn may_add_direct(&self, k: &DueKey) -> bool {
-        self.mirrors(k) && self.direct.len() < self.capacity / 2
+        self.mirrors(k) && self.direct.len() + self.reserved_len < self.capacity / 2
+    }
+
+    /// Reserve the place of a direct job at `k`, if
+    /// [`TimerWheel::may_add_direct`] allows it: until it is added
+    /// ([`TimerWheel::add_direct`]) or let go ([`TimerWheel::unreserve`]),
+    /// its partition stays mirrored up to `k` (only letting the partition go
+    /// or taking it again drops the reservation).
+    pub fn reserve_direct(&mut self, k: DueKey) -> bool {
+        if !self.may_add_direct(&k) {
+            return false;
+        }
+        if self.reserved.entry(k.partition).or_default().insert(k) {
+            self.reserved_len += 1;
+        }
+        true
+    }
+
+    /// Let go of the place reserved at `k`; whether there was one.
+    pub fn unreserve(&mut self, k: &DueKey) -> bool {
+        let Some(set) = self.reserved.get_mut(&k.partition) else {
+            return false;
+        };
+        let had = set.remove(k);
+        if had {
+            self.reserved_len -= 1;
+        }
+        if set.is_empty() {
+            self.reserved.remove(&k.partition);
+        }
+        had
+    }
+
+    /// Direct jobs' places reserved and not yet taken.
+    pub fn reserved_len(&self) -> usize {
+        self.reserved_len
+    }
+
+    fn forget_reserved(&mut self, partition: i32) {
+        if let Some(set) = self.reserved.remove(&partition) {
+            self.reserved_len -= set.len();
+        }
+    }
+
+    /// Whether dropping `k` would pull its partition's horizon back before
+    /// a reserved place.
+    fn pinned(&self, k: &DueKey) -> bool {
+        !self.reserved.is_empty()
+            && self
+                .reserved
+                .get(&k.partition)
+                .and_then(BTreeSet::last)
+                .is_some_and(|pin| pin >= k)
     }
 
     /// Whether the window mirrors the store at `k`: its partition is owned
@@ -168,11 +232,12 @@ impl TimerWheel {
         matches!(self.horizons.get(&k.partition), Some(Some(h)) if h.covers(k))
     }
 
-    /// Add a direct job at `now_ms`, if [`TimerWheel::may_add_direct`]
-    /// allows it; a job refused comes back.
+    /// Add a direct job at `now_ms`: one whose place is reserved, or else
+    /// one [`TimerWheel::may_add_direct`] allows; a job refused (its
+    /// partition let go or taken again since the reservation) comes back.
     #[must_use = "a refused job must go the durable way"]
     pub fn add_direct(&mut self, k: DueKey, job: StoredJob, now_ms: i64) -> Option<StoredJob> {
-        if !self.may_add_direct(&k) {
+        if !self.unreserve(&k) && !self.may_add_direct(&k) {
             return Some(job);
         }
         self.direct_ids.insert((k.partition, job.job.id), k);
@@ -355,12 +420,13 @@ impl TimerWheel {
     /// horizons back before them, so they reload from disk later.
     fn shrink(&mut self) {
         while self.entries.len() > self.capacity {
-            // The latest stored job; direct jobs stay (nothing else holds them).
+            // The latest stored job; direct jobs stay (nothing else holds
+            // them), and so do jobs at or before a reserved place.
             let Some(k) = self
                 .entries
                 .keys()
                 .rev()
-                .find(|k| !self.direct.contains_key(k))
+                .find(|k| !self.direct.contains_key(k) && !self.pinned(k))
                 .copied()
             else {
                 break;

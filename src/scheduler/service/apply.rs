@@ -246,7 +246,8 @@ pub(super) fn apply_batch(
         .admit(&applied, &mut parts, now.timestamp_millis(), &b.named);
     shared.signals.wake.notify_one();
     if !fallback.is_empty() {
-        // The window filled up meanwhile: these go the durable way.
+        // Their partition was let go or taken again since the pick: these
+        // go the durable way.
         let applied = persist(shared, &fallback, &[])?;
         shared.jobs.follow(&applied);
         shared.signals.wake.notify_one();

@@ -9,8 +9,9 @@
 //!
 //! 1. [`pick`]: the apply thread takes the batch's candidates out of its changes;
 //! 2. `SchedulerJobs::frontier`: they hold back the first offset counted as handled;
-//! 3. `SchedulerJobs::admit`: they hold their offsets and enter the window (a job
-//!    the window has no room for goes the durable way after all);
+//! 3. `SchedulerJobs::admit`: they hold their offsets and enter the window in
+//!    the places reserved for them at the pick (a job whose partition was let
+//!    go or taken again meanwhile goes the durable way after all);
 //! 4. `SchedulerJobs::settle`: the batch's offsets may be committed up to them;
 //! 5. the dispatcher takes them like any due job, and the finisher's
 //!    `SchedulerJobs::release_direct` lets their offsets go (no tombstone, no store
@@ -43,21 +44,28 @@ pub(super) const HOLD_AT_MOST: Duration = Duration::from_secs(2);
 /// arrival, named by no other record of the batch (nor replacing a direct
 /// job), not pending under their id (a replace must delete the old job
 /// durably), and where the window mirrors the partition up to them (so they
-/// fire in order with stored jobs).
+/// fire in order with stored jobs); their places in the window are reserved.
 pub(super) fn pick(shared: &Shared, p: i32, pb: &mut PartitionBatch) -> Result<(), StoreError> {
-    // (index in `changes`, job id) of the candidates.
+    // (index in `changes`, job id) of the candidates, their places reserved.
     let candidates = shared.jobs.direct_candidates(p, pb);
     if candidates.is_empty() {
         return Ok(());
     }
     let ids: Vec<JobId> = candidates.iter().map(|(_, id)| *id).collect();
-    let pending = shared.store.pending_ids(p, &ids)?;
+    let pending = match shared.store.pending_ids(p, &ids) {
+        Ok(pending) => pending,
+        Err(e) => {
+            shared.jobs.unreserve(p, pb, candidates.iter().map(|(i, _)| *i));
+            return Err(e);
+        }
+    };
+    let (picked, replacing): (Vec<_>, Vec<_>) =
+        candidates.into_iter().partition(|(_, id)| !pending.contains(id));
+    if !replacing.is_empty() {
+        shared.jobs.unreserve(p, pb, replacing.iter().map(|(i, _)| *i));
+    }
     // Indexes ascending, as `due_puts`.
-    let mut picked = candidates
-        .into_iter()
-        .filter(|(_, id)| !pending.contains(id))
-        .map(|(i, _)| i)
-        .peekable();
+    let mut picked = picked.into_iter().map(|(i, _)| i).peekable();
     let mut all = std::mem::take(&mut pb.changes);
     for (i, c) in all.drain(..).enumerate() {
         match c {

@@ -182,11 +182,14 @@ impl SchedulerJobs {
     }
 
     /// The puts of `pb` (of partition `p`) that may fire straight from
-    /// memory, as far as the window can tell (index in `changes`, job id):
-    /// due on arrival, named once by the batch and held, not of a fair
-    /// topic, and where the window mirrors the partition up to them.
+    /// memory, as far as the window can tell (index in `changes`, job id),
+    /// with their places in the window reserved: due on arrival, named once
+    /// by the batch and held, not of a fair topic, and where the window
+    /// mirrors the partition up to them. Each enters at
+    /// [`SchedulerJobs::admit`], or its place is let go
+    /// ([`SchedulerJobs::unreserve`]).
     pub(super) fn direct_candidates(&self, p: i32, pb: &PartitionBatch) -> Vec<(usize, JobId)> {
-        let w = &*self.window();
+        let w = &mut *self.window();
         pb.due_puts
             .iter()
             .filter_map(|&i| match &pb.changes[i] {
@@ -196,7 +199,7 @@ impl SchedulerJobs {
                         .get(&s.job.id)
                         .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
                         && !self.is_fair(&s.job.topic)
-                        && w.may_add_direct(&DueKey::of(p, s)) =>
+                        && w.reserve_direct(DueKey::of(p, s)) =>
                 {
                     Some((i, s.job.id))
                 }
@@ -205,11 +208,24 @@ impl SchedulerJobs {
             .collect()
     }
 
+    /// Let go of the places [`SchedulerJobs::direct_candidates`] reserved
+    /// for the puts at `changes` of `pb` (of partition `p`) that do not
+    /// fire from memory after all.
+    pub(super) fn unreserve(&self, p: i32, pb: &PartitionBatch, changes: impl IntoIterator<Item = usize>) {
+        let w = &mut *self.window();
+        for i in changes {
+            if let Change::Put(s) = &pb.changes[i] {
+                w.unreserve(&DueKey::of(p, s));
+            }
+        }
+    }
+
     /// A persisted batch enters: the store's `applied` changes are followed,
     /// the batch's direct jobs hold their offsets and enter the window
-    /// beside them (one run-at order for the dispatcher), and the jobs the
-    /// batch held may be fired again. Direct jobs the window has no room
-    /// for come back, per partition, to be persisted.
+    /// beside them (one run-at order for the dispatcher) in the places
+    /// reserved for them, and the jobs the batch held may be fired again.
+    /// Direct jobs of a partition let go or taken again since they were
+    /// picked come back, per partition, to be persisted.
     pub(super) fn admit(
         &self,
         applied: &[Applied],

@@ -136,27 +136,74 @@ fn a_direct_job_holds_its_partitions_commit_from_admit_until_its_fire_is_release
 }
 
 #[test]
-fn a_direct_job_the_window_has_no_room_for_comes_back_to_be_persisted() {
-    // Direct jobs fill at most half the capacity: one here. Both are
-    // picked while there is room; the second is refused as it enters.
+fn a_direct_job_is_picked_only_while_its_place_can_be_reserved() {
+    // Direct jobs fill at most half the capacity: one here. The first
+    // one's place is reserved at its pick; the second finds no room.
     let jobs = jobs_with(2, &[]);
     let (mut first, named_first) = apply_put(&jobs, 0, job("a", NOW - 5, 1));
-    let (mut second, named_second) = apply_put(&jobs, 0, job("b", NOW - 5, 2));
-    assert_eq!((first[&0].direct.len(), second[&0].direct.len()), (1, 1));
+    let (second, _) = apply_put(&jobs, 1, job("b", NOW - 5, 2));
+    assert_eq!((first[&0].direct.len(), second[&1].direct.len()), (1, 0));
+    assert_eq!(jobs.with_window(|w| w.reserved_len()), 1);
     assert!(jobs.admit(&[], &mut first, NOW, &named_first).is_empty());
+    assert_eq!(jobs.with_window(|w| w.reserved_len()), 0, "taken by the job");
     jobs.settle(&first, &HashMap::default());
-    let fallback = jobs.admit(&[], &mut second, NOW, &named_second);
-    assert_eq!(fallback[&0].changes.len(), 1, "comes back to go the durable way");
-    assert_eq!(jobs.direct_in_flight(), 2, "held until it is persisted");
-    jobs.settle(&second, &fallback);
-    assert_eq!(jobs.direct_in_flight(), 1);
-    assert_eq!(
-        jobs.offsets_to_store(),
-        vec![(0, 0)],
-        "only the first direct job holds the commit"
-    );
     let (third, _) = apply_put(&jobs, 1, job("c", NOW - 5, 3));
-    assert!(third[&1].direct.is_empty(), "no room left: not picked");
+    assert!(third[&1].direct.is_empty(), "still no room: not picked");
+}
+
+#[test]
+fn a_picked_direct_job_enters_whatever_the_window_took_in_since_its_pick() {
+    // Picked; then stored jobs due before it fill the window past its
+    // capacity (six). The window keeps them rather than pull the
+    // partition's horizon back before the picked job; the batch that
+    // admits it cancels two of them, and it enters.
+    let jobs = jobs_with(6, &[]);
+    let (mut parts, named) = apply_put(&jobs, 0, job("a", NOW - 5, 50));
+    assert_eq!(parts[&0].direct.len(), 1);
+    let stored: Vec<(DueKey, StoredJob)> = (0..7)
+        .map(|i| {
+            let s = job(&format!("s{i}"), NOW - 100 + i, 10 + i as u64);
+            (DueKey::of(0, &s), s)
+        })
+        .collect();
+    jobs.follow(
+        &stored
+            .iter()
+            .map(|(k, s)| Applied::Added(*k, s.clone()))
+            .collect::<Vec<_>>(),
+    );
+    let cancelled: Vec<Applied> = stored[5..]
+        .iter()
+        .map(|(k, s)| Applied::Removed(*k, s.job.id))
+        .collect();
+    assert!(
+        jobs.admit(&cancelled, &mut parts, NOW, &named).is_empty(),
+        "its place was kept: it enters"
+    );
+    let t = take(&jobs);
+    let keys: Vec<String> = t
+        .due
+        .iter()
+        .map(|(_, s)| s.job.key_lossy().into_owned())
+        .collect();
+    assert_eq!(keys, ["s0", "s1", "s2", "s3", "s4", "a"], "in run-at order");
+    assert!(t.direct.contains_key(&t.due[5].0), "a fires from memory");
+}
+
+#[test]
+fn a_direct_job_whose_partition_was_taken_again_since_its_pick_comes_back_to_be_persisted() {
+    let jobs = jobs_with(100, &[]);
+    let (mut parts, named) = apply_put(&jobs, 0, job("a", NOW - 5, 7));
+    assert_eq!(parts[&0].direct.len(), 1);
+    jobs.revoke(&[0]);
+    jobs.assign(0);
+    assert_eq!(
+        jobs.with_window(|w| w.reserved_len()),
+        0,
+        "the reservation went with the partition"
+    );
+    let fallback = jobs.admit(&[], &mut parts, NOW, &named);
+    assert_eq!(fallback[&0].changes.len(), 1, "comes back to go the durable way");
 }
 
 #[test]
