@@ -7,7 +7,6 @@
 
 use super::TimerWheel;
 
-use crate::hash::HashSet;
 use crate::job::JobId;
 
 impl TimerWheel {
@@ -20,11 +19,6 @@ impl TimerWheel {
     /// Whether the jobs of `topic` are kept out of the window.
     pub fn keeps_out(&self, topic: &str) -> bool {
         !self.kept_out.is_empty() && self.kept_out.contains(topic)
-    }
-
-    /// The jobs ingest batches are changing now, copied.
-    pub fn changing_now(&self) -> HashSet<(i32, JobId)> {
-        self.changing.keys().copied().collect()
     }
 
     /// Whether an ingest batch is changing job `id` of `partition`.

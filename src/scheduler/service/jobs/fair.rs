@@ -5,10 +5,10 @@
 //! window's.
 //!
 //! Locks: this one, then the window's (then the rounds'), never the other
-//! way. A release takes the window's twice, briefly: once to copy which
-//! jobs ingest batches are changing, once at the end to count the jobs it
-//! took as firing (a claim from then on finds them firing) and to give back
-//! those a batch started changing meanwhile. Store changes reach the lanes
+//! way. A release takes the window's briefly: to ask whether the next job
+//! it would release is being changed by an ingest batch, and at the end to
+//! count the jobs it took as firing (a claim from then on finds them
+//! firing) and to give back those a batch started changing meanwhile. Store changes reach the lanes
 //! before the window un-marks the jobs a batch changed, so a job cancelled
 //! in the store is never released from a lane that has not heard of it.
 
@@ -83,8 +83,10 @@ impl SchedulerJobs {
         };
         let mut f = fair.locked();
         let f = &mut *f;
-        let changing = self.window().changing_now();
-        let is_changing = |p: i32, id: &JobId| !changing.is_empty() && changing.contains(&(p, *id));
+        // Asked once per job picked, the window's lock taken for each ask
+        // (an ingest batch marks every job it names: a copy of them all
+        // per round would cost more).
+        let is_changing = |p: i32, id: &JobId| self.window().is_changing(p, id);
         let mut found = f.lanes.discover(now_ms, until, &f.firing, read)?;
         let mut jobs = Vec::new();
         let mut topics: Vec<&String> = allowance.keys().collect();
