@@ -209,6 +209,17 @@ pub fn catch_up(
             });
         }
         let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
+            // Nothing handed over: the position may have moved past what
+            // never is (the markers ending Kafka transactions, the records
+            // of aborted ones); every record below it was handled.
+            if let Ok(pos) = consumer.position() {
+                for e in pos.elements() {
+                    if let (Some((at, _)), Offset::Offset(next)) = (todo.get_mut(&e.partition()), e.offset())
+                    {
+                        *at = (*at).max(next);
+                    }
+                }
+            }
             continue;
         };
         let msg = match msg {

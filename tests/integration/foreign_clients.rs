@@ -3,8 +3,9 @@
 //! on time, in order per key, into a Rust worker; a malformed one is
 //! dead-lettered and a Python consumer reads the dead letter with its
 //! reason; the README's kcat line schedules a job; and Kairos, Python,
-//! Java and kcat put each key on the same partition. The README's Python
-//! and Java examples are the code these tests run.
+//! Java and kcat put each key on the same partition; a transactional
+//! producer's jobs fire once committed, never when aborted. The README's
+//! Python and Java examples are the code these tests run.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Stdio};
@@ -248,6 +249,64 @@ async fn kairos_python_java_and_kcat_put_a_key_on_the_same_partition() {
     assert!(split.is_empty(), "keys on more than one partition: {split:?}");
     let used: HashSet<i32> = partitions.values().flatten().copied().collect();
     assert!(used.len() > 6, "200 keys spread over the partitions: {used:?}");
+}
+
+/// A producer that writes jobs inside Kafka transactions (a transactional
+/// Java application, Kafka Streams with exactly-once): a job in a committed
+/// transaction fires; one in an aborted transaction never does. The commit
+/// marker is the partition's last offset and is never delivered to a
+/// consumer: the scheduler must count the partition as read past it, or
+/// the job waits for its partition to be read up to its run-at forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_aborted() {
+    use rdkafka::producer::{FutureProducer, Producer as _};
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(broker, dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let (runs, sys) = recording(&cfg);
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .set("transactional.id", crate::common::unique("txn-app"))
+        .create()
+        .expect("a transactional producer");
+    let t = Duration::from_secs(30);
+    producer.init_transactions(t).expect("init transactions");
+    // One key: both on one partition, the aborted one first. Had it been
+    // read, it would run before the committed one.
+    let due = Utc::now() + chrono::Duration::milliseconds(1500);
+    let aborted = Job::new(&work, "txn", b"aborted".to_vec()).at(due);
+    let committed = Job::new(&work, "txn", b"committed".to_vec()).at(due);
+    for (job, commit) in [(&aborted, false), (&committed, true)] {
+        producer.begin_transaction().unwrap();
+        let rec = kairos::wire::encode(job, &cfg.topics.schedule);
+        kairos::kafka::send(&producer, &rec, None).await.expect("written");
+        if commit {
+            producer.commit_transaction(t).expect("committed");
+        } else {
+            producer.abort_transaction(t).expect("aborted");
+        }
+    }
+    wait_for("the committed job to run", Duration::from_secs(30), || {
+        runs.lock()
+            .unwrap()
+            .iter()
+            .any(|(j, _)| j.id == committed.id)
+            .then_some(())
+    });
+    let ran: Vec<(kairos::JobId, bool)> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(j, started)| (j.id, started.timestamp_millis() >= due.timestamp_millis()))
+        .collect();
+    assert_eq!(
+        ran,
+        vec![(committed.id, true)],
+        "only the committed job ran, not early"
+    );
+    sys.stop().await;
 }
 
 /// The README's Python and Java examples are the marked parts of the

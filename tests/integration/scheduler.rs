@@ -515,6 +515,55 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
     fresh.stop().await;
 }
 
+/// A changelog written inside Kafka transactions (one committed, one
+/// aborted) is caught up past their markers: a new instance owns its
+/// partitions, with the committed put rebuilt and the aborted one not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_written_in_transactions_is_caught_up_past_their_markers() {
+    use kairos::scheduler::stored::StoredJob;
+    use rdkafka::producer::{FutureProducer, Producer as _};
+    let SetUp {
+        _broker, cfg, work, ..
+    } = set_up(|_| {}).await;
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .set("transactional.id", crate::common::unique("txn-changelog"))
+        .create()
+        .expect("a transactional producer");
+    producer.init_transactions(T).expect("init transactions");
+    let at = Utc::now() + chrono::Duration::days(1);
+    let put = |job: &Job, seq| wire::OwnedRecord {
+        topic: cfg.topics.changelog.clone(),
+        key: job.id.as_bytes().to_vec(),
+        value: Some(
+            StoredJob {
+                job: job.clone(),
+                seq,
+            }
+            .encode(),
+        ),
+        headers: Vec::new(),
+    };
+    let aborted = Job::new(&work, "k", b"aborted".to_vec()).at(at);
+    let committed = Job::new(&work, "k", b"committed".to_vec()).at(at);
+    for (job, seq, commit) in [(&aborted, 0, false), (&committed, 1, true)] {
+        producer.begin_transaction().unwrap();
+        kairos::kafka::send(&producer, &put(job, seq), Some(0))
+            .await
+            .expect("written");
+        if commit {
+            producer.commit_transaction(T).expect("committed");
+        } else {
+            producer.abort_transaction(T).expect("aborted");
+        }
+    }
+    let s = start(&cfg);
+    wait_owned(&s, 3);
+    let st = s.handle.stats();
+    assert_eq!((st.pending, st.replayed), (1, 1), "{st:?}");
+    s.stop().await;
+}
+
 /// A broker, a configuration (its store under `dir/a`, tuned by `tune`
 /// before its topics are created), the topics, and a producer.
 pub(crate) struct SetUp {

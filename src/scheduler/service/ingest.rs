@@ -21,7 +21,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::Message;
+use rdkafka::{Message, Offset};
 use tracing::{debug, error, info, warn};
 
 use super::apply::apply_loop;
@@ -233,7 +233,10 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
     while !shared.signals.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
-            None => failed_for_good(consumer)?,
+            None => {
+                failed_for_good(consumer)?;
+                read_to_position(shared, consumer);
+            }
             Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
@@ -272,6 +275,29 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
         }
     }
     Ok(())
+}
+
+/// Nothing more to read for now: every owned partition counts as read up
+/// to the consumer's position. Past the last record handed over, that also
+/// covers what is never handed over: the markers that end Kafka
+/// transactions (a transactional producer's commit marker is often a
+/// partition's last offset) and the records of aborted ones. Every record
+/// handed over has been claimed by then (batches are read before the next
+/// poll).
+fn read_to_position(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
+    let Ok(pos) = consumer.position() else {
+        return;
+    };
+    let moved = {
+        let mut gate = shared.reads.caught_up();
+        pos.elements().iter().fold(false, |moved, e| match e.offset() {
+            Offset::Offset(next) => gate.ingested(e.partition(), next, None) || moved,
+            _ => moved,
+        })
+    };
+    if moved {
+        shared.signals.wake.notify_one();
+    }
 }
 
 fn record_bytes(m: &BorrowedMessage<'_>) -> usize {
