@@ -118,6 +118,9 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
     c.set("enable.auto.offset.store", "false");
     c.set("auto.offset.reset", "earliest");
     c.set("enable.partition.eof", "false");
+    // librdkafka's default, said here: records of aborted transactions
+    // are never read, nor anything after a transaction still open.
+    c.set("isolation.level", "read_committed");
     // When its prefetch queue is full (`queued.max.messages.kbytes`, 64 MiB
     // by default: about 100,000 jobs), librdkafka looks again only after
     // this long (1 s by default). A backlog read faster than it is handled

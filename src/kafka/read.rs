@@ -90,7 +90,8 @@ pub fn read_range(
     rc.set("enable.auto.commit", "false")
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "true");
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed");
     let consumer: BaseConsumer = rc.create()?;
     let deadline = Instant::now() + timeout;
     let meta_timeout = timeout.min(Duration::from_secs(10));

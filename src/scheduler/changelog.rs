@@ -146,7 +146,8 @@ pub fn catch_up(
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.offset.store", "false")
         .set("group.id", "kairos-changelog-reader")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed");
     let consumer: BaseConsumer = cfg.create().map_err(|e| kafka(first, e))?;
     let mut read: HashMap<i32, u64> = partitions.iter().map(|p| (*p, 0)).collect();
     // Per partition still to read: (next offset, end).

@@ -273,7 +273,7 @@ async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_a
         .expect("a transactional producer");
     let t = Duration::from_secs(30);
     producer.init_transactions(t).expect("init transactions");
-    // One key: both on one partition, the aborted one first. Had it been
+    // Both on partition 0, the aborted one first, one key. Had it been
     // read, it would run before the committed one.
     let due = Utc::now() + chrono::Duration::milliseconds(1500);
     let aborted = Job::new(&work, "txn", b"aborted".to_vec()).at(due);
@@ -281,7 +281,9 @@ async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_a
     for (job, commit) in [(&aborted, false), (&committed, true)] {
         producer.begin_transaction().unwrap();
         let rec = kairos::wire::encode(job, &cfg.topics.schedule);
-        kairos::kafka::send(&producer, &rec, None).await.expect("written");
+        kairos::kafka::send(&producer, &rec, Some(0))
+            .await
+            .expect("written");
         if commit {
             producer.commit_transaction(t).expect("committed");
         } else {

@@ -156,20 +156,32 @@ impl Round {
         } else {
             false
         };
-        let mut taken = jobs.take_round(now_ms, max, until);
-        if jobs.has_fair() {
-            // Fair topics, after the window's round: as many as their
-            // backlogs allow and the round has room for, in fair order,
-            // read no further than each partition's cascade point.
+        // Fair topics read no further than each partition's cascade point
+        // (looked up before the round is taken: an error leaves nothing
+        // counted as firing).
+        let fair_until = if jobs.has_fair() {
             let (fair_until, behind) = below_cascade(store, until, now_ms)?;
             behind_cascade |= behind;
+            Some(fair_until)
+        } else {
+            None
+        };
+        let mut taken = jobs.take_round(now_ms, max, until);
+        if let Some(fair_until) = fair_until {
+            // After the window's round: as many as the fair topics'
+            // backlogs allow and the round has room for, in fair order.
             let room = max.saturating_sub(taken.due.len());
             let allowance: HashMap<String, usize> = allowance
                 .iter()
                 .map(|(t, n)| (t.clone(), (*n).min(room)))
                 .collect();
             let mut read = |p, after, until_ms, limit| store.scan_due(p, after, until_ms, limit);
-            jobs.release_fair(now_ms, &fair_until, &allowance, &mut read, &mut taken)?;
+            if let Err(e) = jobs.release_fair(now_ms, &fair_until, &allowance, &mut read, &mut taken) {
+                // The window's jobs go back; the round is over.
+                jobs.finished(&[], &taken.due, taken.due.clone(), &taken.direct);
+                jobs.rounds_done([&taken.parts]);
+                return Err(e);
+            }
         }
         // Jobs due but held wake the dispatcher when their partition has
         // been read further (ingest and probes notify); a window held back

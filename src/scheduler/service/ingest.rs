@@ -229,14 +229,12 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
     let most = 2 * cfg.scheduler.ingest_batch.max(1);
     let mut last_report = Instant::now();
     let mut last_lag = Instant::now();
+    let mut last_position = Instant::now();
     // Kept from batch to batch: growing it anew each time showed in profiles.
     let mut msgs: Vec<BorrowedMessage<'_>> = Vec::with_capacity(cfg.scheduler.ingest_batch);
     while !shared.signals.stop.is_cancelled() {
         match consumer.poll(Duration::from_millis(100)) {
-            None => {
-                failed_for_good(consumer)?;
-                read_to_position(shared, consumer);
-            }
+            None => failed_for_good(consumer)?,
             Some(Err(e)) => consumer_error(consumer, &e)?,
             Some(Ok(m)) => msgs.push(m),
         }
@@ -263,6 +261,11 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
             msgs.clear();
             shared.reads.lanes.push(batches, most);
         }
+        // Every record handed over is claimed by now.
+        if last_position.elapsed() >= POSITION_EVERY {
+            last_position = Instant::now();
+            read_to_position(shared, consumer);
+        }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(consumer);
         if last_lag.elapsed() >= LAG_EVERY {
@@ -277,13 +280,16 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
     Ok(())
 }
 
-/// Nothing more to read for now: every owned partition counts as read up
-/// to the consumer's position. Past the last record handed over, that also
-/// covers what is never handed over: the markers that end Kafka
-/// transactions (a transactional producer's commit marker is often a
-/// partition's last offset) and the records of aborted ones. Every record
-/// handed over has been claimed by then (batches are read before the next
-/// poll).
+/// How often ingest counts its partitions as read up to the consumer's
+/// position ([`read_to_position`]).
+const POSITION_EVERY: Duration = Duration::from_millis(100);
+
+/// Every owned partition counts as read up to the consumer's position: the
+/// records handed over below it (all claimed when this is called), and what
+/// is never handed over, the markers that end Kafka transactions (a
+/// transactional producer's commit marker is often a partition's last
+/// offset) and the records of aborted ones. Called every
+/// [`POSITION_EVERY`], whether or not other partitions are busy.
 fn read_to_position(shared: &Shared, consumer: &BaseConsumer<SchedulerContext>) {
     let Ok(pos) = consumer.position() else {
         return;

@@ -7,12 +7,15 @@
 //!
 //! Each of the four has its own lock, so that the offsets' bookkeeping
 //! (ingest storing offsets, the finisher releasing direct jobs) does not
-//! wait behind a dispatcher's round, and a fair release's store reads hold
-//! up no one but the fair lanes. Locks taken together go in one order:
-//! fair lanes, window, rounds ([`SchedulerJobs::take_round`] counts its
-//! round under the window's; [`SchedulerJobs::release_fair`] takes all
-//! three at its end). None reads Kafka under a lock, nor the store but a
-//! fair release, which reads at most a round's jobs under the fair lanes'.
+//! wait behind a dispatcher's round, and a fair release's store reads do
+//! not hold the window: they hold the fair lanes, which the transitions
+//! that follow the store (admit, follow, finished) and the partitions'
+//! moves also take, first, when fair topics are configured. Locks taken
+//! together go in one order: fair lanes, window, rounds
+//! ([`SchedulerJobs::take_round`] counts its round under the window's;
+//! [`SchedulerJobs::release_fair`] takes all three at its end). None reads
+//! Kafka under a lock, nor the store but a fair release, whose reads are
+//! bounded (a read per partition, and per lane refilled).
 //!
 //! A job's way through them:
 //!

@@ -121,7 +121,8 @@ impl SchedulerJobs {
                 .into_iter()
                 .partition(|(k, j)| w.is_changing(k.partition, &j.job.id));
             for (k, j) in back {
-                // A batch started changing it since the copy: it waits.
+                // A batch started changing it since it was picked: it waits
+                // (its tenant keeps the charge for it, a rare race).
                 f.lanes.put_back(k, j);
             }
             let mut rounds = self.firing();

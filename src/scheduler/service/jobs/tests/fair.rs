@@ -121,6 +121,11 @@ fn a_fair_job_a_batch_is_changing_is_not_released_and_once_cancelled_never_is() 
         &named,
     );
     assert!(
+        !jobs.with_window(|w| w.is_changing(0, &a.job.id)),
+        "the batch is applied"
+    );
+    assert_eq!(jobs.fair_counts().map(|c| c.0), Some(0), "a left its lane");
+    assert!(
         release(&jobs, &stored).due.is_empty(),
         "a was cancelled, b is being fired"
     );
