@@ -319,3 +319,48 @@ pub fn log_now(brokers: &str, topic: &str) -> (Vec<(i32, Vec<u8>, bool)>, i64) {
     .expect("read to end");
     (records, record_count(brokers, topic))
 }
+
+/// A producer writing as a transactional application does: each record in
+/// a transaction of its own, committed or aborted.
+pub struct TransactionalWriter {
+    producer: rdkafka::producer::FutureProducer,
+}
+
+impl TransactionalWriter {
+    /// A producer with a `transactional.id` of its own (from `name`), its
+    /// transactions initialised.
+    pub fn new(brokers: &str, name: &str) -> TransactionalWriter {
+        use rdkafka::producer::Producer as _;
+        let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("transactional.id", unique(name))
+            .create()
+            .expect("a transactional producer");
+        producer
+            .init_transactions(TRANSACTION_TIMEOUT)
+            .expect("init transactions");
+        TransactionalWriter { producer }
+    }
+
+    /// Write `rec` to `partition` in a transaction, then commit it, or
+    /// abort it when `commit` is false.
+    pub async fn write(&self, rec: &kairos::wire::OwnedRecord, partition: i32, commit: bool) {
+        use rdkafka::producer::Producer as _;
+        self.producer.begin_transaction().expect("begin");
+        kairos::kafka::send(&self.producer, rec, Some(partition))
+            .await
+            .expect("written");
+        if commit {
+            self.producer
+                .commit_transaction(TRANSACTION_TIMEOUT)
+                .expect("committed");
+        } else {
+            self.producer
+                .abort_transaction(TRANSACTION_TIMEOUT)
+                .expect("aborted");
+        }
+    }
+}
+
+/// How long a transaction call may take.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::common::system::{config, run, System};
-use crate::common::{kafka, read_n, wait_for, Broker, Recorded};
+use crate::common::{kafka, read_n, wait_for, Broker, Recorded, TransactionalWriter};
 use chrono::Utc;
 use kairos::worker::Outcome;
 use kairos::{Job, Producer};
@@ -75,6 +75,24 @@ fn recording(cfg: &kairos::Config) -> (Recorded<(Job, chrono::DateTime<Utc>)>, S
     (runs, sys)
 }
 
+/// Topics of the test's own (their first work topic returned), and a
+/// scheduler and a recording worker on them (see [`recording`]); the store
+/// lives in the directory returned.
+async fn recording_set_up() -> (
+    tempfile::TempDir,
+    kairos::Config,
+    String,
+    Recorded<(Job, chrono::DateTime<Utc>)>,
+    System,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(Broker::shared(), dir.path());
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let (runs, sys) = recording(&cfg);
+    (dir, cfg, work, runs, sys)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_producer_schedules_jobs_for_a_rust_worker_and_reads_dead_letters() {
     foreign_jobs(Client::Python).await;
@@ -89,12 +107,7 @@ async fn java_producer_schedules_jobs_for_a_rust_worker() {
 /// ms apart: each runs once, not early, in order per key, with its run-at
 /// and tenant. Python also writes a malformed job and reads its dead letter.
 async fn foreign_jobs(client: Client) {
-    let broker = Broker::shared();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(broker, dir.path());
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let (runs, sys) = recording(&cfg);
+    let (_dir, cfg, work, runs, sys) = recording_set_up().await;
     let (mode, tenant) = match client {
         Client::Python => ("produce", "python"),
         Client::Java => ("jobs", "java"),
@@ -259,36 +272,16 @@ async fn kairos_python_java_and_kcat_put_a_key_on_the_same_partition() {
 /// the job waits for its partition to be read up to its run-at forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_aborted() {
-    use rdkafka::producer::{FutureProducer, Producer as _};
-    let broker = Broker::shared();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(broker, dir.path());
-    kairos::topics::init(&cfg).await.unwrap();
-    let work = cfg.topics.work[0].clone();
-    let (runs, sys) = recording(&cfg);
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &cfg.kafka.brokers)
-        .set("transactional.id", crate::common::unique("txn-app"))
-        .create()
-        .expect("a transactional producer");
-    let t = Duration::from_secs(30);
-    producer.init_transactions(t).expect("init transactions");
+    let (_dir, cfg, work, runs, sys) = recording_set_up().await;
+    let writer = TransactionalWriter::new(&cfg.kafka.brokers, "txn-app");
     // Both on partition 0, the aborted one first, one key. Had it been
     // read, it would run before the committed one.
     let due = Utc::now() + chrono::Duration::milliseconds(1500);
     let aborted = Job::new(&work, "txn", b"aborted".to_vec()).at(due);
     let committed = Job::new(&work, "txn", b"committed".to_vec()).at(due);
     for (job, commit) in [(&aborted, false), (&committed, true)] {
-        producer.begin_transaction().unwrap();
         let rec = kairos::wire::encode(job, &cfg.topics.schedule);
-        kairos::kafka::send(&producer, &rec, Some(0))
-            .await
-            .expect("written");
-        if commit {
-            producer.commit_transaction(t).expect("committed");
-        } else {
-            producer.abort_transaction(t).expect("aborted");
-        }
+        writer.write(&rec, 0, commit).await;
     }
     wait_for("the committed job to run", Duration::from_secs(30), || {
         runs.lock()

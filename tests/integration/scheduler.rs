@@ -521,16 +521,10 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_written_in_transactions_is_caught_up_past_their_markers() {
     use kairos::scheduler::stored::StoredJob;
-    use rdkafka::producer::{FutureProducer, Producer as _};
     let SetUp {
         _broker, cfg, work, ..
     } = set_up(|_| {}).await;
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &cfg.kafka.brokers)
-        .set("transactional.id", crate::common::unique("txn-changelog"))
-        .create()
-        .expect("a transactional producer");
-    producer.init_transactions(T).expect("init transactions");
+    let writer = crate::common::TransactionalWriter::new(&cfg.kafka.brokers, "txn-changelog");
     let at = Utc::now() + chrono::Duration::days(1);
     let put = |job: &Job, seq| wire::OwnedRecord {
         topic: cfg.topics.changelog.clone(),
@@ -547,15 +541,7 @@ async fn a_changelog_written_in_transactions_is_caught_up_past_their_markers() {
     let aborted = Job::new(&work, "k", b"aborted".to_vec()).at(at);
     let committed = Job::new(&work, "k", b"committed".to_vec()).at(at);
     for (job, seq, commit) in [(&aborted, 0, false), (&committed, 1, true)] {
-        producer.begin_transaction().unwrap();
-        kairos::kafka::send(&producer, &put(job, seq), Some(0))
-            .await
-            .expect("written");
-        if commit {
-            producer.commit_transaction(T).expect("committed");
-        } else {
-            producer.abort_transaction(T).expect("aborted");
-        }
+        writer.write(&put(job, seq), 0, commit).await;
     }
     let s = start(&cfg);
     wait_owned(&s, 3);

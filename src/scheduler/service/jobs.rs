@@ -105,7 +105,7 @@ impl SchedulerJobs {
             window: Mutex::new(window),
             direct: Mutex::new(HashMap::default()),
             firing: Mutex::new(HashMap::default()),
-            fair: fair.map(|f| Mutex::new(fair::fair_jobs(f))),
+            fair: fair.map(|f| Mutex::new(FairJobs::new(f))),
             fair_topics,
             round_finished: Condvar::new(),
         }
@@ -440,13 +440,6 @@ impl SchedulerJobs {
 
     // --- upkeep and reports ---
 
-    /// Forget fair tenants with nothing waiting and no recent service left.
-    pub(super) fn sweep_fair(&self, now_ms: i64) {
-        if let Some(mut f) = self.fair_lanes() {
-            f.lanes.sweep(now_ms);
-        }
-    }
-
     /// The partitions owned, in order.
     pub(super) fn partitions(&self) -> Vec<i32> {
         self.window().partitions()
@@ -457,34 +450,7 @@ impl SchedulerJobs {
         let w = &*self.window();
         (w.partitions(), w.len())
     }
-
-    /// The fair window's jobs buffered, tenants waiting and tenants known
-    /// per topic (`None`: no fair topics).
-    pub(super) fn fair_counts(&self) -> Option<FairCounts> {
-        let f = self.fair_lanes()?;
-        let l = &f.lanes;
-        Some((l.buffered(), l.tenants_waiting(), l.tenants_known()))
-    }
-
-    /// Which of `topics` have due jobs waiting in the fair window (`None`:
-    /// no fair topics).
-    pub(super) fn fair_waiting<'a>(
-        &self,
-        topics: impl IntoIterator<Item = &'a String>,
-    ) -> Option<Vec<String>> {
-        let f = self.fair_lanes()?;
-        Some(
-            topics
-                .into_iter()
-                .filter(|t| f.lanes.is_waiting(t))
-                .cloned()
-                .collect(),
-        )
-    }
 }
-
-/// Jobs buffered, then (topic, tenants waiting) and (topic, tenants known).
-pub(super) type FairCounts = (usize, Vec<(String, usize)>, Vec<(String, usize)>);
 
 impl WindowLock for SchedulerJobs {
     fn with_window<R>(&self, f: impl FnOnce(&mut TimerWheel) -> R) -> R {

@@ -31,6 +31,14 @@ pub(super) struct FairJobs {
 }
 
 impl FairJobs {
+    /// The lanes of `window`, nothing in flight.
+    pub(super) fn new(lanes: FairWindow) -> FairJobs {
+        FairJobs {
+            lanes,
+            firing: InFlight::default(),
+        }
+    }
+
     /// Follow the store's changes to fair jobs (the lanes find a removed
     /// key by its place; an added job of another topic is not theirs).
     pub(super) fn follow(&mut self, applied: &[Applied]) {
@@ -53,13 +61,13 @@ impl FairJobs {
                 self.firing.remove(k);
             }
         }
-        retry.retain(|(k, j)| {
-            let fair = self.lanes.is_fair(&j.job.topic);
-            if fair {
-                self.lanes.put_back(*k, j.clone());
-            }
-            !fair
-        });
+        let lanes = &self.lanes;
+        let fair: Vec<(DueKey, StoredJob)> = retry
+            .extract_if(.., |(_, j)| lanes.is_fair(&j.job.topic))
+            .collect();
+        for (k, j) in fair {
+            self.lanes.put_back(k, j);
+        }
     }
 }
 
@@ -142,12 +150,38 @@ impl SchedulerJobs {
         round.fair_more = found.more;
         Ok(())
     }
-}
 
-/// A fair window with nothing in flight.
-pub(super) fn fair_jobs(lanes: FairWindow) -> FairJobs {
-    FairJobs {
-        lanes,
-        firing: InFlight::default(),
+    /// Forget fair tenants with nothing waiting and no recent service left.
+    pub(in crate::scheduler::service) fn sweep_fair(&self, now_ms: i64) {
+        if let Some(mut f) = self.fair_lanes() {
+            f.lanes.sweep(now_ms);
+        }
+    }
+
+    /// The fair window's jobs buffered, tenants waiting and tenants known
+    /// per topic (`None`: no fair topics).
+    pub(in crate::scheduler::service) fn fair_counts(&self) -> Option<FairCounts> {
+        let f = self.fair_lanes()?;
+        let l = &f.lanes;
+        Some((l.buffered(), l.tenants_waiting(), l.tenants_known()))
+    }
+
+    /// Which of `topics` have due jobs waiting in the fair window (`None`:
+    /// no fair topics).
+    pub(in crate::scheduler::service) fn fair_waiting<'a>(
+        &self,
+        topics: impl IntoIterator<Item = &'a String>,
+    ) -> Option<Vec<String>> {
+        let f = self.fair_lanes()?;
+        Some(
+            topics
+                .into_iter()
+                .filter(|t| f.lanes.is_waiting(t))
+                .cloned()
+                .collect(),
+        )
     }
 }
+
+/// Jobs buffered, then (topic, tenants waiting) and (topic, tenants known).
+pub(in crate::scheduler::service) type FairCounts = (usize, Vec<(String, usize)>, Vec<(String, usize)>);
