@@ -114,8 +114,9 @@ pub enum RebuildError {
 }
 
 /// Bring `store`'s copy of each of `partitions` up to the end of the
-/// changelog, each from the store's checkpoint. Returns the number of
-/// job records read per partition.
+/// changelog, each from the store's checkpoint, reading committed records
+/// only and waiting out any transaction open at the start. Returns the
+/// number of job records read per partition.
 ///
 /// When the changelog's start has moved past the checkpoint (records were
 /// deleted: retention on a `compact,delete` changelog, or DeleteRecords),
@@ -149,6 +150,17 @@ pub fn catch_up(
         .set("enable.partition.eof", "false")
         .set("isolation.level", "read_committed");
     let consumer: BaseConsumer = cfg.create().map_err(|e| kafka(first, e))?;
+    // The end to reach is the log's end, transactions still open included
+    // (a read_committed client is told the last stable offset instead):
+    // a partition's previous owner may be committing a round of fires and
+    // their tombstones right now, and an owner that stopped reading before
+    // them would fire those jobs again. Reading on waits the transaction
+    // out (committed, aborted, or timed out by the broker).
+    let ends: BaseConsumer = cfg
+        .clone()
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| kafka(first, e))?;
     let mut read: HashMap<i32, u64> = partitions.iter().map(|p| (*p, 0)).collect();
     // Per partition still to read: (next offset, end).
     let mut todo: HashMap<i32, (i64, i64)> = HashMap::new();
@@ -157,7 +169,7 @@ pub fn catch_up(
     let ask = timeout.min(Duration::from_secs(10));
     for &p in partitions {
         let (low, high) = crate::kafka::retry_until("changelog watermarks", deadline, || {
-            consumer.fetch_watermarks(topic, p, ask)
+            ends.fetch_watermarks(topic, p, ask)
         })
         .map_err(|e| kafka(p, e))?;
         let mut checkpoint = store.checkpoint(p)?.changelog_next;
@@ -194,6 +206,7 @@ pub fn catch_up(
             .map_err(|e| kafka(p, e))?;
         todo.insert(p, (start, high));
     }
+    drop(ends);
     if todo.is_empty() {
         return Ok(read);
     }

@@ -98,16 +98,21 @@ pub fn unique(prefix: &str) -> String {
 
 /// Poll `f` until it returns `Some`, or panic with `what` after `timeout`.
 /// For waiting on an event that has no notification of its own.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_until(timeout, f).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Poll `f` until it returns `Some`, or give `None` after `timeout`: for
+/// checking that something does not happen within a bound.
+pub fn wait_until<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -345,11 +350,23 @@ impl TransactionalWriter {
     /// Write `rec` to `partition` in a transaction, then commit it, or
     /// abort it when `commit` is false.
     pub async fn write(&self, rec: &kairos::wire::OwnedRecord, partition: i32, commit: bool) {
+        self.open(rec, partition).await;
+        self.end(commit);
+    }
+
+    /// Begin a transaction and write `rec` to `partition` in it (acknowledged,
+    /// not committed: [`TransactionalWriter::end`] ends it).
+    pub async fn open(&self, rec: &kairos::wire::OwnedRecord, partition: i32) {
         use rdkafka::producer::Producer as _;
         self.producer.begin_transaction().expect("begin");
         kairos::kafka::send(&self.producer, rec, Some(partition))
             .await
             .expect("written");
+    }
+
+    /// Commit the open transaction, or abort it when `commit` is false.
+    pub fn end(&self, commit: bool) {
+        use rdkafka::producer::Producer as _;
         if commit {
             self.producer
                 .commit_transaction(TRANSACTION_TIMEOUT)

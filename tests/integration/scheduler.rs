@@ -520,30 +520,64 @@ async fn a_restart_resumes_from_its_store_and_a_new_instance_rebuilds_from_the_c
 /// partitions, with the committed put rebuilt and the aborted one not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_written_in_transactions_is_caught_up_past_their_markers() {
-    use kairos::scheduler::stored::StoredJob;
     let SetUp {
         _broker, cfg, work, ..
     } = set_up(|_| {}).await;
     let writer = crate::common::TransactionalWriter::new(&cfg.kafka.brokers, "txn-changelog");
     let at = Utc::now() + chrono::Duration::days(1);
-    let put = |job: &Job, seq| wire::OwnedRecord {
+    let aborted = Job::new(&work, "k", b"aborted".to_vec()).at(at);
+    let committed = Job::new(&work, "k", b"committed".to_vec()).at(at);
+    for (job, seq, commit) in [(&aborted, 0, false), (&committed, 1, true)] {
+        writer.write(&changelog_put(&cfg, job, seq), 0, commit).await;
+    }
+    let s = start(&cfg);
+    wait_owned(&s, 3);
+    let st = s.handle.stats();
+    assert_eq!((st.pending, st.replayed), (1, 1), "{st:?}");
+    s.stop().await;
+}
+
+/// A put of `job` as a scheduler writes it to the changelog.
+fn changelog_put(cfg: &Config, job: &Job, seq: u64) -> wire::OwnedRecord {
+    wire::OwnedRecord {
         topic: cfg.topics.changelog.clone(),
         key: job.id.as_bytes().to_vec(),
         value: Some(
-            StoredJob {
+            kairos::scheduler::stored::StoredJob {
                 job: job.clone(),
                 seq,
             }
             .encode(),
         ),
         headers: Vec::new(),
-    };
-    let aborted = Job::new(&work, "k", b"aborted".to_vec()).at(at);
-    let committed = Job::new(&work, "k", b"committed".to_vec()).at(at);
-    for (job, seq, commit) in [(&aborted, 0, false), (&committed, 1, true)] {
-        writer.write(&put(job, seq), 0, commit).await;
     }
+}
+
+/// A transaction open on the changelog when a scheduler takes its
+/// partitions (a previous owner committing a round) is waited out: the
+/// scheduler owns none of them while it is open, and has its put once it
+/// commits. An owner that read only to the last stable offset would own
+/// them at once, without the put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_owner_waits_out_a_transaction_open_on_the_changelog() {
+    let SetUp {
+        _broker, cfg, work, ..
+    } = set_up(|_| {}).await;
+    let writer = crate::common::TransactionalWriter::new(&cfg.kafka.brokers, "txn-open");
+    let job = Job::new(&work, "k", b"in flight".to_vec()).at(Utc::now() + chrono::Duration::days(1));
+    writer.open(&changelog_put(&cfg, &job, 0), 0).await;
     let s = start(&cfg);
+    // Long enough for a scheduler to join, read and own three partitions
+    // (two to three seconds here); it must not while the transaction is open.
+    let owned = crate::common::wait_until(Duration::from_secs(8), || {
+        (!s.handle.stats().owned.is_empty()).then_some(())
+    });
+    assert!(
+        owned.is_none(),
+        "owned partitions past an open transaction: {:?}",
+        s.handle.stats()
+    );
+    writer.end(true);
     wait_owned(&s, 3);
     let st = s.handle.stats();
     assert_eq!((st.pending, st.replayed), (1, 1), "{st:?}");
