@@ -125,6 +125,21 @@ pub struct SchedulerConfig {
     /// allows a rebalance to take.
     #[serde(with = "humantime_serde")]
     pub revocation_deadline: Duration,
+    /// Fire in Kafka transactions: each fire round's work records, their
+    /// changelog tombstones and the schedule offsets commit together, and
+    /// each ingest round's changelog records likewise, so a job fires once
+    /// as `read_committed` consumers see it, through crashes and zombies.
+    /// Every job then goes through the store (none fires straight from
+    /// memory). Off: at least once.
+    pub exactly_once: bool,
+    /// With `exactly_once`: how long the broker lets a transaction stay
+    /// open before it aborts it. A dead instance's open transaction holds
+    /// back every `read_committed` reader of its partitions (the next
+    /// owner's catch-up included) until then. A record of a transaction not
+    /// acknowledged within this (or `kafka.produce_timeout`, if shorter)
+    /// fails it. At least 1 s.
+    #[serde(with = "humantime_serde")]
+    pub transaction_timeout: Duration,
     /// The scheduler's admin endpoint (`[scheduler.admin]`; off by default).
     pub admin: AdminConfig,
 }
@@ -180,6 +195,8 @@ impl Default for SchedulerConfig {
             instance_id: String::new(),
             session_timeout: Duration::from_secs(30),
             revocation_deadline: Duration::from_secs(60),
+            exactly_once: false,
+            transaction_timeout: Duration::from_secs(15),
             admin: AdminConfig::default(),
         }
     }
@@ -266,6 +283,9 @@ impl Config {
         };
         if self.kafka.brokers.trim().is_empty() {
             return Err(invalid("kafka.brokers", "must name at least one broker"));
+        }
+        if self.scheduler.transaction_timeout < Duration::from_secs(1) {
+            return Err(invalid("scheduler.transaction_timeout", "must be at least 1s"));
         }
         for (key, n) in [
             ("topics.schedule_partitions", self.topics.schedule_partitions),

@@ -70,6 +70,11 @@ pub const KNOBS: &[(&str, &str, &str)] = &[
         "the scheduler producer's linger.ms (5)",
     ),
     (
+        "KAIROS_BENCH_EXACTLY_ONCE",
+        "scheduler benches",
+        "1: [scheduler] exactly_once (fire in Kafka transactions)",
+    ),
+    (
         "KAIROS_BENCH_APPLY_THREADS",
         "scheduler benches",
         "[scheduler] apply_threads (3)",

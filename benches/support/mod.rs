@@ -474,7 +474,8 @@ pub fn zadd_all(
 /// 2000), `KAIROS_BENCH_READ_AHEAD` (its consumer's `queued.min.messages`,
 /// librdkafka's default), `KAIROS_BENCH_LINGER_MS` (its producer's
 /// `linger.ms`, 5), `KAIROS_BENCH_APPLY_THREADS` (`[scheduler]
-/// apply_threads`, 3) and `KAIROS_BENCH_QUEUE_KBYTES` (its consumer's
+/// apply_threads`, 3), `KAIROS_BENCH_EXACTLY_ONCE` (`[scheduler]
+/// exactly_once`) and `KAIROS_BENCH_QUEUE_KBYTES` (its consumer's
 /// `queued.max.messages.kbytes`, librdkafka's default). Apply to the
 /// scheduler's configuration alone.
 pub fn scheduler_knobs(cfg: &mut kairos::Config) {
@@ -490,6 +491,9 @@ pub fn scheduler_knobs(cfg: &mut kairos::Config) {
     }
     if let Some(n) = knobs::number("KAIROS_BENCH_APPLY_THREADS") {
         cfg.scheduler.apply_threads = n;
+    }
+    if knobs::set("KAIROS_BENCH_EXACTLY_ONCE") {
+        cfg.scheduler.exactly_once = true;
     }
     if let Some(n) = knobs::text("KAIROS_BENCH_QUEUE_KBYTES") {
         let v = n.as_str().into();

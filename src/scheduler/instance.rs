@@ -43,6 +43,21 @@ pub fn group_instance_id(cfg: &Config) -> Result<Option<String>, InstanceIdError
     kept_or_new(&s.data_dir).map(Some)
 }
 
+/// The `transactional.id` of this instance's producer in exactly-once mode:
+/// stable for as long as its store lives (the static member id, else the id
+/// kept in the data directory), so a restarted instance fences its own
+/// predecessor and aborts what it left open.
+pub fn transactional_id(cfg: &Config) -> Result<String, InstanceIdError> {
+    let id = match group_instance_id(cfg)? {
+        Some(id) => id,
+        None => match cfg.kafka.consumer.get("group.instance.id") {
+            Some(v) => v.0.clone(),
+            None => kept_or_new(&cfg.scheduler.data_dir)?,
+        },
+    };
+    Ok(format!("kairos-scheduler-{id}"))
+}
+
 fn kept_or_new(dir: &Path) -> Result<String, InstanceIdError> {
     let path = dir.join(INSTANCE_ID_FILE);
     let err = |source| InstanceIdError {

@@ -43,6 +43,7 @@ mod persist;
 mod probe;
 mod rebalance;
 mod stats;
+mod transactions;
 mod upkeep;
 
 use std::future::Future;
@@ -162,6 +163,8 @@ struct Clients {
     topic_check: kafka::TopicCheck,
     /// `group.instance.id` (static membership), or `None`.
     instance_id: Option<String>,
+    /// Exactly-once mode: the transactions every write goes into.
+    txn: Option<transactions::Transactions>,
 }
 
 /// Stop and wake-ups.
@@ -189,6 +192,9 @@ impl Shared {
     fn store_offsets<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
         for (p, offset) in self.jobs.offsets_to_store() {
             // librdkafka commits one past the stored offset.
+            if let Some(t) = &self.kafka.txn {
+                t.stored(p, offset + 1);
+            }
             if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, p, offset) {
                 // The partition was revoked meanwhile: its next owner
                 // re-reads these records and applies them again
@@ -261,6 +267,13 @@ impl Scheduler {
         // After the store: its lock keeps a second process off this directory.
         let instance_id = super::instance::group_instance_id(cfg)?;
         let producer = kafka::producer(&cfg.kafka, "kairos-scheduler")?;
+        let txn = match s.exactly_once {
+            true => {
+                let id = super::instance::transactional_id(cfg)?;
+                Some(transactions::Transactions::start(cfg, &id)?)
+            }
+            false => None,
+        };
         let wheel = TimerWheel::new(s.window.as_millis() as i64, s.window_capacity);
         let mut fair = None;
         if !cfg.fair.topics.is_empty() {
@@ -303,6 +316,7 @@ impl Scheduler {
                     reader_config: kafka::base_config(&cfg.kafka, "kairos-changelog-reader"),
                     topic_check: kafka::TopicCheck::new(&cfg.kafka)?,
                     instance_id,
+                    txn,
                 },
                 signals: Signals {
                     wake: Notify::new(),

@@ -151,6 +151,54 @@ pub fn assign_from_start(consumer: &BaseConsumer, topic: &str) -> Vec<i32> {
     ids
 }
 
+/// Every record of `topic` that a reader with `isolation` (`read_committed`
+/// or `read_uncommitted`) is handed, from each partition's start to its
+/// end as of the call (the log's end: a read_committed reader waits out a
+/// transaction still open there); panics after `timeout`.
+pub fn read_all(brokers: &str, topic: &str, isolation: &str, timeout: Duration) -> Vec<OwnedMessage> {
+    let consumer = reader(brokers, "all", &[("isolation.level", isolation)]);
+    let ends = reader(brokers, "ends", &[("isolation.level", "read_uncommitted")]);
+    let ids = assign_from_start(&consumer, topic);
+    let mut todo: std::collections::HashMap<i32, (i64, i64)> = ids
+        .iter()
+        .map(|p| {
+            let (low, high) = ends
+                .fetch_watermarks(topic, *p, Duration::from_secs(10))
+                .expect("watermarks");
+            (*p, (low, high))
+        })
+        .filter(|(_, (low, high))| low < high)
+        .collect();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + timeout;
+    while !todo.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not read to its end within {timeout:?} ({isolation}): {todo:?}"
+        );
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(r) => {
+                let m = r.expect("consume").detach();
+                if let Some((at, _)) = todo.get_mut(&m.partition()) {
+                    *at = m.offset() + 1;
+                }
+                out.push(m);
+            }
+            // Past transaction markers and aborted records, which are not handed over.
+            None => {
+                for e in consumer.position().expect("position").elements() {
+                    if let (Some((at, _)), Offset::Offset(next)) = (todo.get_mut(&e.partition()), e.offset())
+                    {
+                        *at = (*at).max(next);
+                    }
+                }
+            }
+        }
+        todo.retain(|_, (at, end)| at < end);
+    }
+    out
+}
+
 /// Read every partition of `topic` from the beginning until `n` records
 /// have arrived or `timeout` has passed; returns what arrived. Records keep
 /// offset order within each partition, interleaved across partitions.

@@ -16,6 +16,7 @@ mod contract;
 mod dashboard;
 mod demo;
 mod dlq;
+mod exactly_once;
 mod fencing;
 mod first_contact;
 mod foreign_clients;

@@ -108,6 +108,9 @@ impl Draining {
         // fired are re-read by the next owner.
         shared.store_offsets(consumer);
         shared.jobs.let_go(parts);
+        if let Some(t) = &shared.kafka.txn {
+            t.revoked(parts);
+        }
         match consumer.commit_consumer_state(CommitMode::Sync) {
             Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
             Err(e) => warn!(error = %e, "commit on revocation failed"),

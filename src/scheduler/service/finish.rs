@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::fire::{FireBatch, FireWrites};
+use super::fire::{FireBatch, FireWrite, FireWrites};
 use super::persist::owned_or_log;
 use super::{blocking_store, Shared};
 
@@ -76,7 +76,9 @@ pub(super) struct Fired {
 
 /// Finish a fire batch: wait for its writes, then tombstone and delete the
 /// stored jobs acknowledged, and release the offsets of the direct ones. Jobs
-/// whose write failed go back into the window.
+/// whose write failed go back into the window. In exactly-once mode the
+/// work records, dead letters and tombstones are written here, in one
+/// transaction ([`in_transaction`]).
 pub(super) async fn finish_fire(
     shared: &Arc<Shared>,
     due: Vec<(DueKey, StoredJob)>,
@@ -88,17 +90,22 @@ pub(super) async fn finish_fire(
     // enough, and cheaper than joining them.
     let mut results = Vec::with_capacity(writes.len());
     for w in writes {
-        results.push(w.await);
+        results.push(match w {
+            FireWrite::Sent(f) => Some(f.await),
+            FireWrite::InTransaction => None,
+        });
     }
     let now = shared.clock.now();
     let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
     let mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)> = Vec::new();
+    let mut deferred: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut fired = 0u64;
     for (item, r) in due.iter().zip(results) {
         let (k, s) = item;
         match r {
-            Ok(d) => {
+            None => deferred.push(item),
+            Some(Ok(d)) => {
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
                 shared.stats.fire_lateness.observe_ms(late_ms);
@@ -106,7 +113,7 @@ pub(super) async fn finish_fire(
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);
             }
-            Err(e) if kafka::is_unknown_topic(&e) => {
+            Some(Err(e)) if kafka::is_unknown_topic(&e) => {
                 warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
@@ -121,89 +128,23 @@ pub(super) async fn finish_fire(
                     wire::dead_job_record(&s.outgoing(), &d, &cfg.topics.dead_letter),
                 ));
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, error = %e, "fire failed; will retry");
                 retry.push(item.clone());
             }
         }
     }
-    let dead_results = futures::future::join_all(
-        dead.iter()
-            .map(|(_, r)| kafka::send(&shared.kafka.producer, r, None)),
-    )
-    .await;
-    for ((item, _), r) in dead.iter().zip(dead_results) {
-        match r {
-            Ok(_) => {
-                shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                done.push(item);
-            }
-            Err(e) => {
-                warn!(job_id = %own_id(&item.1.job), key = %item.1.job.key_lossy(), partition = item.0.partition,
-                    offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
-                retry.push((*item).clone());
-            }
+    let (by_part, fired) = match &shared.kafka.txn {
+        Some(txn) => {
+            let written = in_transaction(shared, txn, deferred, dead, &mut retry).await;
+            (written.by_part, written.fired)
         }
-    }
-    // Direct jobs: nothing stored; their schedule offsets may now be committed.
-    let fired_direct = shared.jobs.release_direct(&mut done, &direct);
-    shared
-        .stats
-        .fired_direct
-        .fetch_add(fired_direct, Ordering::Relaxed);
-    // Tombstones, then the store. The tombstones are decided and handed to
-    // the producer under the changelog order lock: a job put again since it
-    // was taken (a worker's retry under its id) keeps its new put, which a
-    // tombstone written after it would delete from the changelog, and so
-    // from a rebuild; a put read later is written after the tombstone.
-    let order = shared.kafka.changelog_order.lock().await;
-    let put_again: HashSet<(i32, JobId)> = shared.jobs.put_again(&done);
-    let mut by_part: HashMap<i32, Fired> = HashMap::default();
-    for (k, s) in &done {
-        let e = by_part.entry(k.partition).or_default();
-        if put_again.contains(&(k.partition, s.job.id)) {
-            debug!(job_id = %s.job.id, partition = k.partition, offset = k.seq,
-                "fired; its id was put again meanwhile, the changelog keeps the new put");
-        } else {
-            e.tombs
-                .push(changelog::tombstone(&cfg.topics.changelog, &s.job.id));
+        None => {
+            confirm_dead(shared, dead, &mut done, &mut retry).await;
+            (tombstone(shared, &done, &direct).await, fired)
         }
-        e.changes.push(Change::Fired(s.job.id, *k));
-    }
-    // How far each partition is handled, with the direct jobs just fired:
-    // after its tombstones, so a new owner skips what fired here.
-    for (p, f) in by_part.iter_mut() {
-        if let Some(next) = shared.jobs.frontier_after_fires(*p) {
-            f.schedule_next = Some(next);
-            f.tombs
-                .push(changelog::schedule_next_record(&cfg.topics.changelog, next));
-        }
-    }
-    // One list of (partition, record), so that each acknowledgement is read
-    // against the record it answers.
-    let sent: Vec<(i32, &OwnedRecord)> = by_part
-        .iter()
-        .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
-        .collect();
-    let pinned: Vec<_> = sent.iter().map(|(p, r)| (*r, Some(*p))).collect();
-    let acks = kafka::enqueue_all(&shared.kafka.producer, &pinned).await;
-    drop(order);
-    let results = futures::future::join_all(acks).await;
-    let acks = results.into_iter().map(|r| r.map(|d| d.offset));
-    let partitions: Vec<i32> = sent.iter().map(|(p, _)| *p).collect();
-    let (written, failed) = changelog::written_up_to(&partitions, acks);
-    for (i, err) in failed {
-        // The local delete still happens; a later owner rebuilding from
-        // the changelog may fire this job again (a documented duplicate).
-        warn!(key = %String::from_utf8_lossy(&sent[i].1.key), error = %err, "changelog write failed");
-    }
-    drop(sent);
-    for (p, next) in written {
-        if let Some(f) = by_part.get_mut(&p) {
-            f.changelog_next = next;
-        }
-    }
+    };
     // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
     let applied = if by_part.is_empty() {
         Vec::new()
@@ -232,4 +173,190 @@ pub(super) async fn finish_fire(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
+}
+
+/// At least once: write the dead letters of jobs whose work topic is
+/// missing; those written are done, the others retried.
+async fn confirm_dead<'a>(
+    shared: &Shared,
+    dead: Vec<(&'a (DueKey, StoredJob), OwnedRecord)>,
+    done: &mut Vec<&'a (DueKey, StoredJob)>,
+    retry: &mut Vec<(DueKey, StoredJob)>,
+) {
+    let dead_results = futures::future::join_all(
+        dead.iter()
+            .map(|(_, r)| kafka::send(&shared.kafka.producer, r, None)),
+    )
+    .await;
+    for ((item, _), r) in dead.iter().zip(dead_results) {
+        match r {
+            Ok(_) => {
+                shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                done.push(item);
+            }
+            Err(e) => {
+                warn!(job_id = %own_id(&item.1.job), key = %item.1.job.key_lossy(), partition = item.0.partition,
+                    offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
+                retry.push((*item).clone());
+            }
+        }
+    }
+}
+
+/// At least once: the jobs `done` (fired or dead-lettered) are tombstoned
+/// in the changelog, and their partitions' handled offsets written after.
+async fn tombstone(
+    shared: &Shared,
+    done: &[&(DueKey, StoredJob)],
+    direct: &HashMap<DueKey, i64>,
+) -> HashMap<i32, Fired> {
+    let mut done = done.to_vec();
+    // Direct jobs: nothing stored; their schedule offsets may now be committed.
+    let fired_direct = shared.jobs.release_direct(&mut done, direct);
+    shared
+        .stats
+        .fired_direct
+        .fetch_add(fired_direct, Ordering::Relaxed);
+    let order = shared.kafka.changelog_order.lock().await;
+    let mut by_part = decide_tombstones(shared, &done);
+    // One list of (partition, record), so that each acknowledgement is read
+    // against the record it answers.
+    let sent: Vec<(i32, &OwnedRecord)> = by_part
+        .iter()
+        .flat_map(|(p, f)| f.tombs.iter().map(move |r| (*p, r)))
+        .collect();
+    let pinned: Vec<_> = sent.iter().map(|(p, r)| (*r, Some(*p))).collect();
+    let acks = kafka::enqueue_all(&shared.kafka.producer, &pinned).await;
+    drop(order);
+    let results = futures::future::join_all(acks).await;
+    let acks = results.into_iter().map(|r| r.map(|d| d.offset));
+    let partitions: Vec<i32> = sent.iter().map(|(p, _)| *p).collect();
+    let (written, failed) = changelog::written_up_to(&partitions, acks);
+    for (i, err) in failed {
+        // The local delete still happens; a later owner rebuilding from
+        // the changelog may fire this job again (a documented duplicate).
+        warn!(key = %String::from_utf8_lossy(&sent[i].1.key), error = %err, "changelog write failed");
+    }
+    drop(sent);
+    for (p, next) in written {
+        if let Some(f) = by_part.get_mut(&p) {
+            f.changelog_next = next;
+        }
+    }
+    by_part
+}
+
+/// The changelog records for the jobs `done`, per partition: a tombstone
+/// each, then how far the partition is handled. Called under the changelog
+/// order lock: a job put again since it was taken (a worker's retry under
+/// its id) keeps its new put, which a tombstone written after it would
+/// delete from the changelog, and so from a rebuild; a put read later is
+/// written after the tombstone.
+fn decide_tombstones(shared: &Shared, done: &[&(DueKey, StoredJob)]) -> HashMap<i32, Fired> {
+    let topic = &shared.cfg.topics.changelog;
+    let put_again: HashSet<(i32, JobId)> = shared.jobs.put_again(done);
+    let mut by_part: HashMap<i32, Fired> = HashMap::default();
+    for (k, s) in done {
+        let e = by_part.entry(k.partition).or_default();
+        if put_again.contains(&(k.partition, s.job.id)) {
+            debug!(job_id = %s.job.id, partition = k.partition, offset = k.seq,
+                "fired; its id was put again meanwhile, the changelog keeps the new put");
+        } else {
+            e.tombs.push(changelog::tombstone(topic, &s.job.id));
+        }
+        e.changes.push(Change::Fired(s.job.id, *k));
+    }
+    // How far each partition is handled, with the direct jobs just fired:
+    // after its tombstones, so a new owner skips what fired here.
+    for (p, f) in by_part.iter_mut() {
+        if let Some(next) = shared.jobs.frontier_after_fires(*p) {
+            f.schedule_next = Some(next);
+            f.tombs.push(changelog::schedule_next_record(topic, next));
+        }
+    }
+    by_part
+}
+
+/// What an exactly-once round wrote.
+struct InTransaction {
+    by_part: HashMap<i32, Fired>,
+    fired: u64,
+}
+
+/// Exactly once: the work records of `fire`, the dead letters `dead` and
+/// every tombstone in one transaction. Committed: all are done. Aborted:
+/// all go into `retry` (nothing of the round is visible to read_committed
+/// readers); a fatal error stops the scheduler.
+async fn in_transaction(
+    shared: &Shared,
+    txn: &super::transactions::Transactions,
+    fire: Vec<&(DueKey, StoredJob)>,
+    dead: Vec<(&(DueKey, StoredJob), OwnedRecord)>,
+    retry: &mut Vec<(DueKey, StoredJob)>,
+) -> InTransaction {
+    let done: Vec<&(DueKey, StoredJob)> = fire.iter().copied().chain(dead.iter().map(|(i, _)| *i)).collect();
+    let mut records: Vec<(OwnedRecord, Option<i32>)> = Vec::with_capacity(done.len() * 2);
+    records.extend(
+        fire.iter()
+            .map(|(_, s)| (wire::encode(&s.outgoing(), &s.job.topic), None)),
+    );
+    let dead_count = dead.len() as u64;
+    records.extend(dead.into_iter().map(|(_, r)| (r, None)));
+    let order = shared.kafka.changelog_order.lock().await;
+    let mut by_part = decide_tombstones(shared, &done);
+    let first_tomb = records.len();
+    let partitions: Vec<i32> = by_part
+        .iter()
+        .flat_map(|(p, f)| f.tombs.iter().map(move |_| *p))
+        .collect();
+    for (p, f) in by_part.iter_mut() {
+        records.extend(std::mem::take(&mut f.tombs).into_iter().map(|r| (r, Some(*p))));
+    }
+    let answer = txn.submit(records);
+    drop(order);
+    let outcome = answer.await.unwrap_or_else(|_| {
+        Err(super::transactions::NotCommitted {
+            fatal: true,
+            reason: "the transaction thread is gone".into(),
+        })
+    });
+    match outcome {
+        Ok(acks) => {
+            let now = shared.clock.now();
+            for ((k, s), d) in fire.iter().copied().zip(&acks) {
+                let late_ms = (now - s.job.run_at).num_milliseconds();
+                shared.stats.fire_lateness.observe_ms(late_ms);
+                debug!(job_id = %own_id(&s.job), park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
+                    partition = k.partition, offset = k.seq, work_partition = d.partition, work_offset = d.offset,
+                    late_ms, "fired in a transaction");
+            }
+            shared
+                .stats
+                .dead_lettered
+                .fetch_add(dead_count, Ordering::Relaxed);
+            let tombs = acks[first_tomb..].iter().map(|d| Ok::<_, ()>(d.offset));
+            let (written, _) = changelog::written_up_to(&partitions, tombs);
+            for (p, next) in written {
+                if let Some(f) = by_part.get_mut(&p) {
+                    f.changelog_next = next;
+                }
+            }
+            InTransaction {
+                by_part,
+                fired: fire.len() as u64,
+            }
+        }
+        Err(e) => {
+            if e.fatal {
+                shared.fail(format!("firing in a transaction: {e}"));
+            } else {
+                warn!(jobs = done.len(), error = %e, "fire round aborted; will retry");
+            }
+            retry.extend(done.into_iter().cloned());
+            InTransaction {
+                by_part: HashMap::default(),
+                fired: 0,
+            }
+        }
+    }
 }

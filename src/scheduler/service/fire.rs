@@ -25,19 +25,29 @@ pub(super) struct FireBatch {
     pub(super) room: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// The writes of a fire batch, handed to librdkafka in firing order.
-pub(super) type FireWrites = Vec<
-    std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<rdkafka::producer::future_producer::Delivery, KafkaError>>
-                + Send,
-        >,
-    >,
->;
+/// The writes of a fire batch, one per job, in firing order.
+pub(super) type FireWrites = Vec<FireWrite>;
 
-/// Hand a batch of due jobs to librdkafka, in order. Jobs for work topics
-/// that do not exist are not written (librdkafka would only time out on
-/// them): their write fails at once and [`finish_fire`](super::finish::finish_fire) dead-letters them.
+/// A due job's work-topic write.
+pub(super) enum FireWrite {
+    /// Handed to librdkafka (or failed at once): its acknowledgement.
+    Sent(
+        std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = Result<rdkafka::producer::future_producer::Delivery, KafkaError>,
+                    > + Send,
+            >,
+        >,
+    ),
+    /// Exactly once: the finisher writes it, in its round's transaction.
+    InTransaction,
+}
+
+/// Hand a batch of due jobs to librdkafka, in order (in exactly-once mode,
+/// leave them to the finisher's transaction). Jobs for work topics that do
+/// not exist are not written (librdkafka would only time out on them):
+/// their write fails at once and [`finish_fire`](super::finish::finish_fire) dead-letters them.
 pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]) -> FireWrites {
     // Whether each work topic is missing, asked once per batch. Jobs in a row
     // mostly share a topic: the answer for the last one is kept at hand.
@@ -63,16 +73,17 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
         match state {
             Ok(true) => {
                 let e = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition);
-                writes.push(Box::pin(async move { Err(e) }));
+                writes.push(FireWrite::Sent(Box::pin(async move { Err(e) })));
             }
+            Ok(false) if shared.kafka.txn.is_some() => writes.push(FireWrite::InTransaction),
             Ok(false) => {
-                writes.push(Box::pin(
+                writes.push(FireWrite::Sent(Box::pin(
                     kafka::enqueue_job(&shared.kafka.producer, &s.outgoing()).await,
-                ));
+                )));
             }
             Err(e) => {
                 let e = e.clone();
-                writes.push(Box::pin(async move { Err(e) }));
+                writes.push(FireWrite::Sent(Box::pin(async move { Err(e) })));
             }
         }
     }

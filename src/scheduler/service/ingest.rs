@@ -265,6 +265,11 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
         if last_position.elapsed() >= POSITION_EVERY {
             last_position = Instant::now();
             read_to_position(shared, consumer);
+            // The group generation the next transactions commit offsets in
+            // (a rebalance that only took partitions away moves it too).
+            if let Some(t) = &shared.kafka.txn {
+                t.set_group(consumer.group_metadata());
+            }
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
         shared.store_offsets(consumer);

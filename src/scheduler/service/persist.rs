@@ -89,6 +89,9 @@ pub(super) fn send_all_retrying(
     shared: &Shared,
     records: &[(Option<i32>, &OwnedRecord)],
 ) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+    if let Some(txn) = &shared.kafka.txn {
+        return send_in_transactions(shared, txn, records);
+    }
     let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
         (0..records.len()).map(|_| None).collect();
     let mut delay = kafka::RetryDelay::new();
@@ -128,6 +131,35 @@ pub(super) fn send_all_retrying(
             }
             std::thread::sleep(delay.next_delay());
         }
+    }
+}
+
+/// Exactly once: write the records in one transaction, again until one
+/// commits (or the scheduler stops, or the producer fails for good).
+fn send_in_transactions(
+    shared: &Shared,
+    txn: &super::transactions::Transactions,
+    records: &[(Option<i32>, &OwnedRecord)],
+) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+    loop {
+        let owned = records.iter().map(|(p, r)| ((*r).clone(), *p)).collect();
+        // Submitted under the changelog order lock, as `send_all_retrying`.
+        let answer = {
+            let _order = shared.kafka.changelog_order.blocking_lock();
+            txn.submit(owned)
+        };
+        match answer.blocking_recv() {
+            Ok(Ok(delivered)) => return Ok(delivered),
+            Ok(Err(e)) if !e.fatal => warn!(error = %e, "transaction aborted; writing again"),
+            Ok(Err(e)) => return Err(SchedulerError::Fatal(format!("writing in a transaction: {e}"))),
+            Err(_) => return Err(SchedulerError::Fatal("the transaction thread is gone".into())),
+        }
+        if shared.signals.stop.is_cancelled() {
+            return Err(SchedulerError::Fatal(
+                "stopped with writes not committed; their records will be re-read".into(),
+            ));
+        }
+        std::thread::sleep(super::transactions::AFTER_ABORT);
     }
 }
 

@@ -91,7 +91,13 @@ impl ConsumerContext for SchedulerContext {
                         handled_below = skip_below,
                         "schedule partition assigned"
                     );
+                    if let Some(t) = &self.shared.kafka.txn {
+                        t.assigned(*p, next.max(skip_below));
+                    }
                     self.shared.jobs.assign(*p);
+                }
+                if let Some(t) = &self.shared.kafka.txn {
+                    t.set_group(consumer.group_metadata());
                 }
                 self.shared.signals.wake.notify_one();
             }

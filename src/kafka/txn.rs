@@ -1,0 +1,139 @@
+//! Kafka transactions: a transactional producer, its blocking calls, and
+//! the classes of their errors.
+//!
+//! librdkafka's `init`, `send_offsets`, `commit` and `abort` block until the
+//! transaction coordinator answers: call them from a thread of their own
+//! (never from the async runtime's threads). A retriable error is retried
+//! here until the call's time-out; what is left is either
+//! [`TxnError::Abortable`] (abort, then do the round again) or
+//! [`TxnError::Fatal`] (the producer is unusable: fenced by a newer
+//! instance with the same `transactional.id`, or a broken protocol state).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, Producer as _};
+use rdkafka::TopicPartitionList;
+
+use crate::config::KafkaConfig;
+
+/// Why a transaction call failed, by what the caller must do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxnError {
+    /// The transaction cannot commit (a record not written, a stale
+    /// consumer group generation, a time-out): abort it and do its work
+    /// again in a new one.
+    #[error("transaction must be aborted: {0}")]
+    Abortable(KafkaError),
+    /// The producer cannot go on (fenced by a newer instance with its
+    /// `transactional.id`, or an unrecoverable state): stop using it.
+    #[error("transactional producer failed: {0}")]
+    Fatal(KafkaError),
+}
+
+/// A producer whose records are written in transactions.
+pub struct Transactional {
+    producer: FutureProducer,
+    /// How long each blocking call may take.
+    timeout: Duration,
+}
+
+impl Transactional {
+    /// A producer with Kairos's producer settings and `transactional_id`,
+    /// whose transactions the broker aborts when they stay open longer than
+    /// `transaction_timeout`; its transactions initialised (which fences
+    /// and aborts whatever an earlier producer with the same id left open).
+    /// Blocks.
+    pub fn new(
+        cfg: &KafkaConfig,
+        client_id: &str,
+        transactional_id: &str,
+        transaction_timeout: Duration,
+    ) -> Result<Transactional, TxnError> {
+        let mut c = super::producer_config(cfg, client_id);
+        // A record must be acknowledged within its transaction's time.
+        let message_timeout = cfg.produce_timeout.min(transaction_timeout);
+        c.set("message.timeout.ms", message_timeout.as_millis().to_string());
+        c.set("transactional.id", transactional_id);
+        c.set(
+            "transaction.timeout.ms",
+            transaction_timeout.as_millis().to_string(),
+        );
+        let producer: FutureProducer = c.create().map_err(TxnError::Fatal)?;
+        let timeout = cfg.produce_timeout.max(Duration::from_secs(10));
+        let t = Transactional { producer, timeout };
+        t.retrying(|p, left| p.init_transactions(left))?;
+        Ok(t)
+    }
+
+    /// The producer, to write a transaction's records with (between
+    /// [`begin`](Self::begin) and [`commit`](Self::commit)).
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
+    /// Begin a transaction (does not block).
+    pub fn begin(&self) -> Result<(), TxnError> {
+        self.producer.begin_transaction().map_err(classify)
+    }
+
+    /// Add consumer offsets to the transaction: they commit with it, and
+    /// only if `group` is still the group's current generation (KIP-447:
+    /// a member the group moved on from cannot commit).
+    pub fn send_offsets(
+        &self,
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<(), TxnError> {
+        self.retrying(|p, left| p.send_offsets_to_transaction(offsets, group, left))
+    }
+
+    /// Commit the transaction, once every record in it is acknowledged.
+    pub fn commit(&self) -> Result<(), TxnError> {
+        self.retrying(|p, left| p.commit_transaction(left))
+    }
+
+    /// Abort the transaction: its records are never read by read_committed
+    /// consumers. An abort that fails leaves the producer unusable.
+    pub fn abort(&self) -> Result<(), TxnError> {
+        self.retrying(|p, left| p.abort_transaction(left))
+            .map_err(|e| match e {
+                TxnError::Abortable(e) | TxnError::Fatal(e) => TxnError::Fatal(e),
+            })
+    }
+
+    /// Call `f` until it succeeds, fails for good, or the time-out passes.
+    fn retrying(
+        &self,
+        mut f: impl FnMut(&FutureProducer, Duration) -> Result<(), KafkaError>,
+    ) -> Result<(), TxnError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match f(&self.producer, left.max(Duration::from_millis(1))) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_retriable(&e) && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "transaction call retried");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+}
+
+fn is_retriable(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Transaction(r) if r.is_retriable() && !r.is_fatal() && !r.txn_requires_abort())
+}
+
+/// Sort an error of a transaction call into what the caller must do. A
+/// commit's flush that timed out, or anything not said to be fatal, can be
+/// aborted.
+pub fn classify(e: KafkaError) -> TxnError {
+    match &e {
+        KafkaError::Transaction(r) if r.is_fatal() => TxnError::Fatal(e),
+        _ => TxnError::Abortable(e),
+    }
+}
