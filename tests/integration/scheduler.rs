@@ -26,13 +26,13 @@ pub(crate) fn job_of(m: &OwnedMessage) -> Job {
     }
 }
 
-struct Running {
+pub(crate) struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kairos::scheduler::SchedulerError>>,
-    handle: kairos::scheduler::SchedulerHandle,
+    pub(crate) handle: kairos::scheduler::SchedulerHandle,
 }
 
-fn start(cfg: &Config) -> Running {
+pub(crate) fn start(cfg: &Config) -> Running {
     start_with_clock(cfg, kairos::clock::system())
 }
 
@@ -51,7 +51,7 @@ fn start_with_clock(cfg: &Config, clock: kairos::clock::SharedClock) -> Running 
 }
 
 impl Running {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap().expect("scheduler ran cleanly");
     }
@@ -68,7 +68,7 @@ async fn started() -> (&'static Broker, tempfile::TempDir, Config, Running) {
     (broker, dir, cfg, running)
 }
 
-fn wait_owned(r: &Running, n: usize) {
+pub(crate) fn wait_owned(r: &Running, n: usize) {
     wait_for("scheduler to own its partitions", T, || {
         (r.handle.stats().owned.len() == n).then_some(())
     });

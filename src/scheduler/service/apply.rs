@@ -229,12 +229,8 @@ pub(super) fn apply_batch(
             Command::Release { .. } => {}
         }
     }
-    // Exactly once: every job goes through the store (a job fired straight
-    // from memory could be fired again by a new owner re-reading it).
-    if shared.kafka.txn.is_none() {
-        for (p, pb) in parts.iter_mut() {
-            direct::pick(shared, *p, pb)?;
-        }
+    for (p, pb) in parts.iter_mut() {
+        direct::pick(shared, *p, pb)?;
     }
     shared.jobs.frontier(&mut parts);
     let applied = persist(shared, &parts, &b.dead)?;

@@ -137,7 +137,7 @@ pub(super) async fn finish_fire(
     }
     let (by_part, fired) = match &shared.kafka.txn {
         Some(txn) => {
-            let written = in_transaction(shared, txn, deferred, dead, &mut retry).await;
+            let written = in_transaction(shared, txn, deferred, dead, &direct, &mut retry).await;
             (written.by_part, written.fired)
         }
         None => {
@@ -284,16 +284,37 @@ struct InTransaction {
 }
 
 /// Exactly once: the work records of `fire`, the dead letters `dead` and
-/// every tombstone in one transaction. Committed: all are done. Aborted:
-/// all go into `retry` (nothing of the round is visible to read_committed
-/// readers); a fatal error stops the scheduler.
+/// every tombstone in one transaction, with, per partition with direct
+/// jobs among them, how far it is handled. Committed: all are done.
+/// Aborted: all go into `retry` (nothing of the round is visible to
+/// read_committed readers); a fatal error stops the scheduler. A direct job
+/// above its partition's first one left in flight waits for a later round
+/// (its fire could not be recorded as handled).
 async fn in_transaction(
     shared: &Shared,
     txn: &super::transactions::Transactions,
-    fire: Vec<&(DueKey, StoredJob)>,
-    dead: Vec<(&(DueKey, StoredJob), OwnedRecord)>,
+    mut fire: Vec<&(DueKey, StoredJob)>,
+    mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)>,
+    direct: &HashMap<DueKey, i64>,
     retry: &mut Vec<(DueKey, StoredJob)>,
 ) -> InTransaction {
+    let handled = match direct.is_empty() {
+        true => HashMap::default(),
+        false => {
+            let round = fire.iter().map(|i| &i.0).chain(dead.iter().map(|(i, _)| &i.0));
+            shared
+                .jobs
+                .frontier_if_fired(round.filter(|k| direct.contains_key(k)))
+        }
+    };
+    let waits =
+        |k: &DueKey| direct.contains_key(k) && handled.get(&k.partition).is_none_or(|h| k.seq as i64 >= *h);
+    for item in fire.extract_if(.., |i| waits(&i.0)) {
+        retry.push(item.clone());
+    }
+    for (item, _) in dead.extract_if(.., |(i, _)| waits(&i.0)) {
+        retry.push(item.clone());
+    }
     let done: Vec<&(DueKey, StoredJob)> = fire.iter().copied().chain(dead.iter().map(|(i, _)| *i)).collect();
     let mut records: Vec<(OwnedRecord, Option<i32>)> = Vec::with_capacity(done.len() * 2);
     records.extend(
@@ -303,7 +324,18 @@ async fn in_transaction(
     let dead_count = dead.len() as u64;
     records.extend(dead.into_iter().map(|(_, r)| (r, None)));
     let order = shared.kafka.changelog_order.lock().await;
-    let mut by_part = decide_tombstones(shared, &done);
+    let stored: Vec<&(DueKey, StoredJob)> = done
+        .iter()
+        .copied()
+        .filter(|(k, _)| !direct.contains_key(k))
+        .collect();
+    let mut by_part = decide_tombstones(shared, &stored);
+    let topic = &shared.cfg.topics.changelog;
+    for (p, next) in &handled {
+        let f = by_part.entry(*p).or_default();
+        f.schedule_next = Some(f.schedule_next.map_or(*next, |n| n.max(*next)));
+        f.tombs.push(changelog::schedule_next_record(topic, *next));
+    }
     let first_tomb = records.len();
     let partitions: Vec<i32> = by_part
         .iter()
@@ -334,6 +366,10 @@ async fn in_transaction(
                 .stats
                 .dead_lettered
                 .fetch_add(dead_count, Ordering::Relaxed);
+            // The direct jobs' offsets may now be committed.
+            let mut fired_direct = done;
+            let n = shared.jobs.release_direct(&mut fired_direct, direct);
+            shared.stats.fired_direct.fetch_add(n, Ordering::Relaxed);
             let tombs = acks[first_tomb..].iter().map(|d| Ok::<_, ()>(d.offset));
             let (written, _) = changelog::written_up_to(&partitions, tombs);
             for (p, next) in written {

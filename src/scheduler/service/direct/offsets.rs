@@ -70,6 +70,18 @@ impl DirectOffsets {
             .fold(last.max(self.ingested) + 1, i64::min)
     }
 
+    /// The first offset not yet handled once the direct jobs at `releasing`
+    /// (sorted) are fired: those below it may be fired in one transaction
+    /// with a record saying so; the others wait for a direct job below them.
+    pub fn first_unhandled_releasing(&self, releasing: &[i64]) -> i64 {
+        let held = self
+            .in_flight
+            .iter()
+            .copied()
+            .find(|o| releasing.binary_search(o).is_err());
+        held.map_or(self.ingested + 1, |h| h.min(self.ingested + 1))
+    }
+
     /// [`first_unhandled`](Self::first_unhandled) for a partition that may
     /// have no entry yet (`None`: no direct job held, as right after its
     /// assignment): the batch's own direct jobs at `holding` still hold the
@@ -125,6 +137,23 @@ mod tests {
         d.release(10);
         assert_eq!(d.offset_to_store(), Some(12));
         assert_eq!(d.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_first_unhandled_offset_once_fired_stops_at_the_first_direct_job_left() {
+        let mut d = DirectOffsets::default();
+        for o in [2, 3, 6] {
+            d.hold(o);
+        }
+        d.ingested(9);
+        assert_eq!(d.first_unhandled_releasing(&[]), 2);
+        assert_eq!(d.first_unhandled_releasing(&[2, 3]), 6, "6 still in flight");
+        assert_eq!(d.first_unhandled_releasing(&[3, 6]), 2, "2 left: nothing covered");
+        assert_eq!(
+            d.first_unhandled_releasing(&[2, 3, 6]),
+            10,
+            "all fired: past the last ingested"
+        );
     }
 
     #[test]

@@ -83,6 +83,29 @@ impl SchedulerJobs {
         (before - done.len()) as u64
     }
 
+    /// Exactly once: per partition of the direct jobs `round` (one fire
+    /// round's), the first offset not handled once they are fired. Those
+    /// below it fire in one transaction with a record of it, so a new owner
+    /// never reads them again; those above it wait for the direct jobs
+    /// below them (a later round).
+    pub(in crate::scheduler::service) fn frontier_if_fired<'a>(
+        &self,
+        round: impl IntoIterator<Item = &'a DueKey>,
+    ) -> HashMap<i32, i64> {
+        let mut by_part: HashMap<i32, Vec<i64>> = HashMap::default();
+        for k in round {
+            by_part.entry(k.partition).or_default().push(k.seq as i64);
+        }
+        let direct = &*self.direct();
+        by_part
+            .into_iter()
+            .filter_map(|(p, mut offsets)| {
+                offsets.sort_unstable();
+                Some((p, direct.get(&p)?.first_unhandled_releasing(&offsets)))
+            })
+            .collect()
+    }
+
     /// The first schedule offset of `p` not handled, with the direct jobs
     /// fired so far (`None`: nothing ingested from `p` here).
     pub(in crate::scheduler::service) fn frontier_after_fires(&self, p: i32) -> Option<i64> {
