@@ -57,6 +57,10 @@ impl Transactional {
         let message_timeout = cfg.produce_timeout.min(transaction_timeout);
         c.set("message.timeout.ms", message_timeout.as_millis().to_string());
         c.set("transactional.id", transactional_id);
+        // A transaction's offsets are refused while the coordinator still
+        // completes the one before (CONCURRENT_TRANSACTIONS): ask again
+        // soon, not after librdkafka's 100 ms.
+        c.set("retry.backoff.ms", "5");
         c.set(
             "transaction.timeout.ms",
             transaction_timeout.as_millis().to_string(),

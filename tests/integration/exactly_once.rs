@@ -47,7 +47,26 @@ fn check_exactly_once(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
         let n = fires(&recs, expected);
         expected.keys().all(|id| n.contains_key(id)).then_some(n)
     });
-    let twice: Vec<_> = committed.iter().filter(|(_, c)| **c > 1).collect();
+    let recs = read_all(&cfg.kafka.brokers, work, "read_committed", T);
+    let twice: Vec<_> = committed
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(id, c)| {
+            let copies: Vec<String> = recs
+                .iter()
+                .filter(|m| job_of(m).id == *id)
+                .map(|m| {
+                    format!(
+                        "{}@{}:{}",
+                        String::from_utf8_lossy(m.payload().unwrap_or_default()),
+                        m.partition(),
+                        m.offset()
+                    )
+                })
+                .collect();
+            (id, c, copies)
+        })
+        .collect();
     assert!(
         twice.is_empty(),
         "{} jobs fired more than once, among them {:?}",

@@ -135,14 +135,14 @@ pub(super) async fn finish_fire(
             }
         }
     }
-    let (by_part, fired) = match &shared.kafka.txn {
+    let (by_part, fired, later, applying) = match &shared.kafka.txn {
         Some(txn) => {
             let written = in_transaction(shared, txn, deferred, dead, &direct, &mut retry).await;
-            (written.by_part, written.fired)
+            (written.by_part, written.fired, written.later, written.applying)
         }
         None => {
             confirm_dead(shared, dead, &mut done, &mut retry).await;
-            (tombstone(shared, &done, &direct).await, fired)
+            (tombstone(shared, &done, &direct).await, fired, 0, None)
         }
     };
     // Off the runtime threads, so that the dispatcher keeps firing meanwhile.
@@ -166,9 +166,15 @@ pub(super) async fn finish_fire(
         })
         .await?
     };
+    // Exactly once: the round's tombstones no longer hold checkpoints back.
+    drop(applying);
     shared.stats.fired.fetch_add(fired, Ordering::Relaxed);
-    let backoff = !retry.is_empty();
+    let backoff = retry.len() > later;
     shared.jobs.finished(&applied, &due, retry, &direct);
+    if later > 0 {
+        // Due again at once: the dispatcher takes them in its next round.
+        shared.signals.wake.notify_one();
+    }
     if backoff {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -278,26 +284,32 @@ fn decide_tombstones(shared: &Shared, done: &[&(DueKey, StoredJob)]) -> HashMap<
 }
 
 /// What an exactly-once round wrote.
-struct InTransaction {
+struct InTransaction<'a> {
     by_part: HashMap<i32, Fired>,
+    /// Holds other writers' checkpoints below the round's tombstones until
+    /// its store delete is done.
+    applying: Option<super::transactions::Applying<'a>>,
     fired: u64,
+    /// Direct jobs left for a later round (first in `retry`): not failures.
+    later: usize,
 }
 
 /// Exactly once: the work records of `fire`, the dead letters `dead` and
 /// every tombstone in one transaction, with, per partition with direct
 /// jobs among them, how far it is handled. Committed: all are done.
 /// Aborted: all go into `retry` (nothing of the round is visible to
-/// read_committed readers); a fatal error stops the scheduler. A direct job
-/// above its partition's first one left in flight waits for a later round
-/// (its fire could not be recorded as handled).
-async fn in_transaction(
+/// read_committed readers); a fatal error stops the scheduler. A job above
+/// its partition's first direct job left in flight waits for a later round
+/// (a direct job's fire could not be recorded as handled; a stored job's
+/// record could be read again and stored anew).
+async fn in_transaction<'a>(
     shared: &Shared,
-    txn: &super::transactions::Transactions,
+    txn: &'a super::transactions::Transactions,
     mut fire: Vec<&(DueKey, StoredJob)>,
     mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)>,
     direct: &HashMap<DueKey, i64>,
     retry: &mut Vec<(DueKey, StoredJob)>,
-) -> InTransaction {
+) -> InTransaction<'a> {
     let handled = match direct.is_empty() {
         true => HashMap::default(),
         false => {
@@ -307,14 +319,34 @@ async fn in_transaction(
                 .frontier_if_fired(round.filter(|k| direct.contains_key(k)))
         }
     };
-    let waits =
-        |k: &DueKey| direct.contains_key(k) && handled.get(&k.partition).is_none_or(|h| k.seq as i64 >= *h);
+    // A stored job fires only once its partition is handled past its
+    // record (with this round's direct jobs): after a crash, reading from
+    // an earlier direct job would read its record again and store it anew.
+    let mut frontier: HashMap<i32, Option<i64>> = HashMap::default();
+    for (k, _) in fire.iter().copied().chain(dead.iter().map(|(i, _)| *i)) {
+        frontier.entry(k.partition).or_insert_with(|| {
+            handled
+                .get(&k.partition)
+                .copied()
+                .or_else(|| shared.jobs.frontier_after_fires(k.partition))
+        });
+    }
+    let waits = |k: &DueKey| match direct.contains_key(k) {
+        true => handled.get(&k.partition).is_none_or(|h| k.seq as i64 >= *h),
+        false => frontier
+            .get(&k.partition)
+            .copied()
+            .flatten()
+            .is_some_and(|f| k.seq as i64 >= f),
+    };
+    let before = retry.len();
     for item in fire.extract_if(.., |i| waits(&i.0)) {
         retry.push(item.clone());
     }
     for (item, _) in dead.extract_if(.., |(i, _)| waits(&i.0)) {
         retry.push(item.clone());
     }
+    let later = retry.len() - before;
     let done: Vec<&(DueKey, StoredJob)> = fire.iter().copied().chain(dead.iter().map(|(i, _)| *i)).collect();
     let mut records: Vec<(OwnedRecord, Option<i32>)> = Vec::with_capacity(done.len() * 2);
     records.extend(
@@ -353,7 +385,9 @@ async fn in_transaction(
         })
     });
     match outcome {
-        Ok(acks) => {
+        Ok(committed) => {
+            let acks = committed.acks;
+            let applying = txn.applying(committed.pending);
             let now = shared.clock.now();
             for ((k, s), d) in fire.iter().copied().zip(&acks) {
                 let late_ms = (now - s.job.run_at).num_milliseconds();
@@ -374,12 +408,14 @@ async fn in_transaction(
             let (written, _) = changelog::written_up_to(&partitions, tombs);
             for (p, next) in written {
                 if let Some(f) = by_part.get_mut(&p) {
-                    f.changelog_next = next;
+                    f.changelog_next = applying.applicable(p, next);
                 }
             }
             InTransaction {
                 by_part,
+                applying: Some(applying),
                 fired: fire.len() as u64,
+                later,
             }
         }
         Err(e) => {
@@ -391,7 +427,9 @@ async fn in_transaction(
             retry.extend(done.into_iter().cloned());
             InTransaction {
                 by_part: HashMap::default(),
+                applying: None,
                 fired: 0,
+                later: 0,
             }
         }
     }

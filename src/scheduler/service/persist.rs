@@ -4,6 +4,7 @@
 use tracing::warn;
 
 use super::batch::PartitionBatch;
+use super::transactions::{Applying, Committed};
 use super::{SchedulerError, Shared};
 
 use crate::hash::HashMap;
@@ -39,12 +40,19 @@ pub(super) fn persist(
         .collect();
     let mut sends: Vec<(Option<i32>, &OwnedRecord)> = records.iter().map(|(p, r)| (Some(*p), r)).collect();
     sends.extend(dead.iter().map(|r| (None, r)));
-    let delivered = send_all_retrying(shared, &sends)?;
+    // Exactly once: `applying` holds other writers' checkpoints below these
+    // records until this batch's store write is done.
+    let (delivered, applying) = send_all_retrying(shared, &sends)?;
     let mut changelog_next: HashMap<i32, i64> = HashMap::default();
     for ((p, rec), d) in sends.iter().zip(&delivered) {
         if let (Some(p), true) = (p, rec.topic == cfg.topics.changelog) {
             let e = changelog_next.entry(*p).or_insert(0);
             *e = (*e).max(d.offset + 1);
+        }
+    }
+    if let Some(a) = &applying {
+        for (p, next) in changelog_next.iter_mut() {
+            *next = a.applicable(*p, *next);
         }
     }
     // 2. The store, flushed to disk (nothing to do for a batch of direct
@@ -65,6 +73,7 @@ pub(super) fn persist(
         applied = shared.store.apply_all(&writes)?;
         shared.store.flush()?;
     }
+    drop(applying);
     Ok(applied)
 }
 
@@ -85,12 +94,22 @@ pub(super) fn owned_or_log(owned: &crate::hash::HashSet<i32>, p: i32) -> bool {
 /// (the writes are idempotent by job id) until they succeed or the scheduler
 /// stops. Records pinned to a partition are retried from the first failure
 /// on, in their order.
-pub(super) fn send_all_retrying(
-    shared: &Shared,
+pub(super) fn send_all_retrying<'a>(
+    shared: &'a Shared,
     records: &[(Option<i32>, &OwnedRecord)],
-) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+) -> Result<
+    (
+        Vec<rdkafka::producer::future_producer::Delivery>,
+        Option<Applying<'a>>,
+    ),
+    SchedulerError,
+> {
+    if records.is_empty() {
+        return Ok((Vec::new(), None));
+    }
     if let Some(txn) = &shared.kafka.txn {
-        return send_in_transactions(shared, txn, records);
+        let committed = send_in_transactions(shared, txn, records)?;
+        return Ok((committed.acks, Some(txn.applying(committed.pending))));
     }
     let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
         (0..records.len()).map(|_| None).collect();
@@ -98,7 +117,7 @@ pub(super) fn send_all_retrying(
     loop {
         let pending: Vec<usize> = (0..records.len()).filter(|i| out[*i].is_none()).collect();
         if pending.is_empty() {
-            return Ok(out.into_iter().map(|d| d.expect("all delivered")).collect());
+            return Ok((out.into_iter().map(|d| d.expect("all delivered")).collect(), None));
         }
         // Handed to librdkafka under the changelog order lock, so that the
         // finisher's tombstones and these records keep one order (see
@@ -140,7 +159,7 @@ fn send_in_transactions(
     shared: &Shared,
     txn: &super::transactions::Transactions,
     records: &[(Option<i32>, &OwnedRecord)],
-) -> Result<Vec<rdkafka::producer::future_producer::Delivery>, SchedulerError> {
+) -> Result<Committed, SchedulerError> {
     loop {
         let owned = records.iter().map(|(p, r)| ((*r).clone(), *p)).collect();
         // Submitted under the changelog order lock, as `send_all_retrying`.
@@ -149,7 +168,7 @@ fn send_in_transactions(
             txn.submit(owned)
         };
         match answer.blocking_recv() {
-            Ok(Ok(delivered)) => return Ok(delivered),
+            Ok(Ok(committed)) => return Ok(committed),
             Ok(Err(e)) if !e.fatal => warn!(error = %e, "transaction aborted; writing again"),
             Ok(Err(e)) => return Err(SchedulerError::Fatal(format!("writing in a transaction: {e}"))),
             Err(_) => return Err(SchedulerError::Fatal("the transaction thread is gone".into())),

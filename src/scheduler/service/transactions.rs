@@ -1,5 +1,6 @@
 //! Exactly-once mode (`scheduler.exactly_once`): every Kafka write of the
-//! scheduler goes into a transaction of one transactional producer, owned
+//! scheduler goes into a transaction of two transactional producers taken in
+//! turn (see [`run`]), owned
 //! by a thread of its own (`kairos-txn`), whose blocking calls stay off the
 //! async runtime.
 //!
@@ -20,7 +21,7 @@
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::producer::future_producer::Delivery;
@@ -47,8 +48,44 @@ pub(super) struct NotCommitted {
     pub(super) reason: String,
 }
 
-/// The answer to a submission: each record's acknowledgement, in order.
-pub(super) type Outcome = Result<Vec<Delivery>, NotCommitted>;
+/// The answer to a submission.
+pub(super) type Outcome = Result<Committed, NotCommitted>;
+
+/// A submission's records, committed.
+pub(super) struct Committed {
+    /// Each record's acknowledgement, in order.
+    pub(super) acks: Vec<Delivery>,
+    /// Its changelog records, not yet applied to the store.
+    pub(super) pending: Pending,
+}
+
+/// Per changelog partition, the offset of a committed submission's first
+/// record there: noted as not yet applied to the store until its
+/// [`Applying`] is dropped.
+pub(super) struct Pending {
+    firsts: Vec<(i32, i64)>,
+}
+
+/// A committed submission whose store write is under way: holds other
+/// writers' checkpoints back ([`Transactions::applicable`]) until dropped,
+/// once the write is done (or given up).
+pub(super) struct Applying<'a> {
+    txn: &'a Transactions,
+    pending: Pending,
+}
+
+impl Applying<'_> {
+    /// How far partition `p`'s checkpoint may go, for records here ending before `next`.
+    pub(super) fn applicable(&self, p: i32, next: i64) -> i64 {
+        self.txn.applicable(&self.pending, p, next)
+    }
+}
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        self.txn.applied(&self.pending);
+    }
+}
 
 /// Records to write in one transaction (pinned to a partition, or placed by key).
 struct Submission {
@@ -66,37 +103,61 @@ struct Fence {
     offsets: HashMap<i32, i64>,
 }
 
+/// Changelog records committed whose effect is not yet in the store, per
+/// partition: the first offset of each submission's records there (a
+/// multiset). Writers commit in one order and write the store in another
+/// (rounds and apply lanes run side by side), and a store checkpoint past
+/// a committed tombstone whose delete is not yet written would, after a
+/// crash, fire that job again (the catch-up starts after its tombstone).
+type Unapplied = HashMap<i32, std::collections::BTreeMap<i64, usize>>;
+
 /// The scheduler's transactional writes (see the module doc).
 pub(super) struct Transactions {
     inbox: Mutex<Sender<Submission>>,
     fence: Arc<Mutex<Fence>>,
+    unapplied: Arc<Mutex<Unapplied>>,
 }
 
 impl Transactions {
-    /// Create the producer (`transactional_id`), initialise its
-    /// transactions (fencing an earlier producer with the same id and
-    /// aborting what it left open) and start the thread. Blocks.
+    /// Create the producers (`transactional_id`, and the same with `-b`),
+    /// initialise their transactions (fencing earlier producers with the
+    /// same ids and aborting what they left open) and start the thread.
+    /// Blocks.
     pub(super) fn start(
         cfg: &crate::config::Config,
         transactional_id: &str,
     ) -> Result<Transactions, SchedulerError> {
-        let producer = Transactional::new(
-            &cfg.kafka,
-            "kairos-scheduler-txn",
-            transactional_id,
-            cfg.scheduler.transaction_timeout,
-        )
-        .map_err(|e| SchedulerError::Fatal(format!("transactions of {transactional_id}: {e}")))?;
+        let open = |id: String| {
+            Transactional::new(
+                &cfg.kafka,
+                "kairos-scheduler-txn",
+                &id,
+                cfg.scheduler.transaction_timeout,
+            )
+            .map_err(|e| SchedulerError::Fatal(format!("transactions of {id}: {e}")))
+        };
+        let producers = [
+            open(transactional_id.to_string())?,
+            open(format!("{transactional_id}-b"))?,
+        ];
         let (inbox, rx) = std::sync::mpsc::channel();
         let fence = Arc::new(Mutex::new(Fence::default()));
-        let (f, t) = (fence.clone(), cfg.topics.schedule.clone());
+        let unapplied = Arc::new(Mutex::new(Unapplied::default()));
+        let thread = Thread {
+            producers,
+            fence: fence.clone(),
+            unapplied: unapplied.clone(),
+            schedule: cfg.topics.schedule.clone(),
+            changelog: cfg.topics.changelog.clone(),
+        };
         std::thread::Builder::new()
             .name("kairos-txn".into())
-            .spawn(move || run(&producer, &rx, &f, &t))
+            .spawn(move || thread.run(&rx))
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         Ok(Transactions {
             inbox: Mutex::new(inbox),
             fence,
+            unapplied,
         })
     }
 
@@ -133,6 +194,56 @@ impl Transactions {
         }
     }
 
+    /// How far partition `p`'s store checkpoint may say the changelog is
+    /// applied, by the writer of `pending` whose own records end before
+    /// `next`: not past the first record of another committed submission
+    /// whose store write is not done.
+    fn applicable(&self, pending: &Pending, p: i32, next: i64) -> i64 {
+        let own = pending.firsts.iter().find(|(q, _)| *q == p).map(|(_, o)| *o);
+        let u = self.unapplied.locked();
+        let Some(firsts) = u.get(&p) else {
+            return next;
+        };
+        let mut skip_own = own;
+        for (first, n) in firsts {
+            let others = match skip_own {
+                Some(o) if o == *first => {
+                    skip_own = None;
+                    n - 1
+                }
+                _ => *n,
+            };
+            if others > 0 {
+                return next.min(*first);
+            }
+        }
+        next
+    }
+
+    /// A committed submission's store write begins: see [`Applying`].
+    pub(super) fn applying(&self, pending: Pending) -> Applying<'_> {
+        Applying { txn: self, pending }
+    }
+
+    /// `pending`'s store write is done (or given up): its records no
+    /// longer hold other writers' checkpoints back.
+    fn applied(&self, pending: &Pending) {
+        let u = &mut *self.unapplied.locked();
+        for (p, first) in &pending.firsts {
+            if let Some(firsts) = u.get_mut(p) {
+                if let Some(n) = firsts.get_mut(first) {
+                    *n -= 1;
+                    if *n == 0 {
+                        firsts.remove(first);
+                    }
+                }
+                if firsts.is_empty() {
+                    u.remove(p);
+                }
+            }
+        }
+    }
+
     /// Partitions `parts` are no longer owned.
     pub(super) fn revoked(&self, parts: &[i32]) {
         let f = &mut *self.fence.locked();
@@ -142,41 +253,83 @@ impl Transactions {
     }
 }
 
-/// The thread: one transaction per turn, of every submission waiting.
-fn run(producer: &Transactional, rx: &Receiver<Submission>, fence: &Mutex<Fence>, topic: &str) {
-    let mut broken: Option<String> = None;
-    while let Ok(first) = rx.recv() {
-        let mut subs = vec![first];
-        let mut records = subs[0].records.len();
-        while records < MOST_RECORDS {
-            let Ok(s) = rx.try_recv() else { break };
-            records += s.records.len();
-            subs.push(s);
-        }
-        if let Some(reason) = &broken {
-            answer(
-                subs,
-                &NotCommitted {
+/// What the transaction thread owns.
+struct Thread {
+    producers: [Transactional; 2],
+    fence: Arc<Mutex<Fence>>,
+    unapplied: Arc<Mutex<Unapplied>>,
+    schedule: String,
+    changelog: String,
+}
+
+impl Thread {
+    /// One transaction per turn, of every submission waiting, on the two
+    /// producers in turn. A producer's transaction is completed by its
+    /// coordinator (markers written) after its commit returns; until then
+    /// the same producer's next one is refused a while (librdkafka asks
+    /// again 20 ms later). The other producer's does not wait, and a
+    /// transaction still begins only once the one before it committed, so
+    /// records keep the order they were submitted in.
+    fn run(&self, rx: &Receiver<Submission>) {
+        let mut broken: Option<String> = None;
+        let mut turn = 0usize;
+        while let Ok(first) = rx.recv() {
+            turn += 1;
+            let producer = &self.producers[turn % 2];
+            let mut subs = vec![first];
+            let mut records = subs[0].records.len();
+            while records < MOST_RECORDS {
+                let Ok(s) = rx.try_recv() else { break };
+                records += s.records.len();
+                subs.push(s);
+            }
+            if let Some(reason) = &broken {
+                let why = NotCommitted {
                     fatal: true,
                     reason: reason.clone(),
-                },
-            );
-            continue;
+                };
+                answer(subs, &why);
+                continue;
+            }
+            match round(producer, &subs, &self.fence, &self.schedule) {
+                Ok(acks) => {
+                    for (s, a) in subs.into_iter().zip(acks) {
+                        let committed = self.note_unapplied(&s.records, a);
+                        let _ = s.reply.send(Ok(committed));
+                    }
+                }
+                Err(e) => {
+                    let fatal = matches!(e, TxnError::Fatal(_));
+                    let reason = e.to_string();
+                    if fatal {
+                        broken = Some(reason.clone());
+                    }
+                    answer(subs, &NotCommitted { fatal, reason });
+                }
+            }
         }
-        match round(producer, &subs, fence, topic) {
-            Ok(acks) => {
-                for (s, a) in subs.into_iter().zip(acks) {
-                    let _ = s.reply.send(Ok(a));
-                }
+    }
+
+    /// Note a committed submission's changelog records as not yet applied
+    /// (before its writer hears of the commit).
+    fn note_unapplied(&self, records: &[(OwnedRecord, Option<i32>)], acks: Vec<Delivery>) -> Committed {
+        let mut firsts: Vec<(i32, i64)> = Vec::new();
+        for ((r, _), d) in records.iter().zip(&acks) {
+            if r.topic != self.changelog {
+                continue;
             }
-            Err(e) => {
-                let fatal = matches!(e, TxnError::Fatal(_));
-                let reason = e.to_string();
-                if fatal {
-                    broken = Some(reason.clone());
-                }
-                answer(subs, &NotCommitted { fatal, reason });
+            match firsts.iter_mut().find(|(p, _)| *p == d.partition) {
+                Some((_, o)) => *o = (*o).min(d.offset),
+                None => firsts.push((d.partition, d.offset)),
             }
+        }
+        let u = &mut *self.unapplied.locked();
+        for (p, o) in &firsts {
+            *u.entry(*p).or_default().entry(*o).or_default() += 1;
+        }
+        Committed {
+            acks,
+            pending: Pending { firsts },
         }
     }
 }
@@ -195,15 +348,28 @@ fn round(
     fence: &Mutex<Fence>,
     topic: &str,
 ) -> Result<Vec<Vec<Delivery>>, TxnError> {
+    let started = Instant::now();
+    let mut took = [Duration::ZERO; 3];
     producer.begin()?;
     let written = write(producer, subs).and_then(|acks| {
+        took[0] = started.elapsed();
         commit_offsets(producer, fence, topic)?;
+        took[1] = started.elapsed();
         producer.commit()?;
+        took[2] = started.elapsed();
         Ok(acks)
     });
     match written {
         Ok(acks) => {
-            debug!(submissions = subs.len(), "transaction committed");
+            let records: usize = subs.iter().map(|s| s.records.len()).sum();
+            debug!(
+                submissions = subs.len(),
+                records,
+                written_ms = took[0].as_millis() as u64,
+                offsets_ms = (took[1] - took[0]).as_millis() as u64,
+                commit_ms = (took[2] - took[1]).as_millis() as u64,
+                "transaction committed"
+            );
             Ok(acks)
         }
         Err(TxnError::Fatal(e)) => Err(TxnError::Fatal(e)),
