@@ -360,15 +360,20 @@ pub(crate) fn spawn_scheduler(cfg: &Config) -> ChildGuard {
 /// Every scheduled id fired at least once and never early; returns duplicates.
 pub(crate) fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize {
     let work = &cfg.topics.work[0];
-    let mut seen: HashSet<JobId> = HashSet::new();
-    let mut dups = 0;
     let all = wait_for("every job to fire", Duration::from_secs(90), || {
         let n = record_count(&cfg.kafka.brokers, work) as usize;
         let recs = read_up_to(&cfg.kafka.brokers, work, n, T);
         let ids: HashSet<JobId> = recs.iter().map(|m| job_of(m).id).collect();
         expected.keys().all(|id| ids.contains(id)).then_some(recs)
     });
-    for m in &all {
+    fires(&all, expected).values().map(|n| n - 1).sum()
+}
+
+/// Per job id, how many work records of it `recs` holds; asserts none
+/// fired before its run-at (`expected`).
+pub(crate) fn fires(recs: &[OwnedMessage], expected: &HashMap<JobId, i64>) -> HashMap<JobId, usize> {
+    let mut n: HashMap<JobId, usize> = HashMap::new();
+    for m in recs {
         let j = job_of(m);
         let run_at = expected[&j.id];
         assert!(
@@ -376,11 +381,9 @@ pub(crate) fn check_fired(cfg: &Config, expected: &HashMap<JobId, i64>) -> usize
             "job {} fired early",
             j.id
         );
-        if !seen.insert(j.id) {
-            dups += 1;
-        }
+        *n.entry(j.id).or_default() += 1;
     }
-    dups
+    n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
