@@ -27,7 +27,7 @@ pub(crate) use lag::{group_lag, partitions_of, watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{commit_ends, committed_metadata, read_range, read_to_end, ReadError, ReadFrom, Span};
 pub use transient::{retry_until, transient};
-pub use txn::{classify as classify_txn_error, Transactional, TxnError};
+pub use txn::{Transactional, TxnError};
 
 /// Settings shared by every client: bootstrap servers, a client id, and the
 /// `[kafka.client]` map.

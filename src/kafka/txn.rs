@@ -135,7 +135,7 @@ fn is_retriable(e: &KafkaError) -> bool {
 /// Sort an error of a transaction call into what the caller must do. A
 /// commit's flush that timed out, or anything not said to be fatal, can be
 /// aborted.
-pub fn classify(e: KafkaError) -> TxnError {
+fn classify(e: KafkaError) -> TxnError {
     match &e {
         KafkaError::Transaction(r) if r.is_fatal() => TxnError::Fatal(e),
         _ => TxnError::Abortable(e),

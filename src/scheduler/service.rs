@@ -31,6 +31,8 @@ mod batch;
 mod direct;
 mod dispatch;
 mod draining;
+mod error;
+pub use error::SchedulerError;
 mod fair_release;
 mod finish;
 mod fire;
@@ -53,7 +55,6 @@ use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +64,6 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::kafka;
 use crate::scheduler::caught_up::CaughtUp;
-use crate::scheduler::changelog;
 use crate::scheduler::store::{Store, StoreError};
 use crate::scheduler::timer_wheel::TimerWheel;
 use crate::sync::Lock;
@@ -74,31 +74,6 @@ use rebalance::SchedulerContext;
 pub use stats::SchedulerStats;
 use stats::{fair_status, stats, FairStatus, SchedulerCounters};
 use upkeep::cascade_loop;
-
-/// Why the scheduler stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SchedulerError {
-    /// The store failed; the scheduler stops rather than acknowledge a job
-    /// it could not keep.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A Kafka client could not be created or subscribed.
-    #[error("kafka: {0}")]
-    Kafka(#[from] KafkaError),
-    /// A partition could not be rebuilt from its changelog.
-    #[error(transparent)]
-    Rebuild(#[from] changelog::RebuildError),
-    /// The instance's stable id could not be read or kept.
-    #[error(transparent)]
-    InstanceId(#[from] super::instance::InstanceIdError),
-    /// The admin endpoint could not listen.
-    #[error(transparent)]
-    Admin(#[from] crate::admin::AdminError),
-    /// The ingest thread ended abnormally.
-    #[error("scheduler stopped: {0}")]
-    Fatal(String),
-}
 
 /// State shared by the service's threads (ingest, apply, probe) and tasks
 /// (dispatch, finish, upkeep), and the rebalance callbacks: each part has

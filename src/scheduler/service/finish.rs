@@ -99,12 +99,12 @@ pub(super) async fn finish_fire(
     let mut done: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut retry: Vec<(DueKey, StoredJob)> = Vec::new();
     let mut dead: Vec<(&(DueKey, StoredJob), OwnedRecord)> = Vec::new();
-    let mut deferred: Vec<&(DueKey, StoredJob)> = Vec::new();
+    let mut to_write: Vec<&(DueKey, StoredJob)> = Vec::new();
     let mut fired = 0u64;
     for (item, r) in due.iter().zip(results) {
         let (k, s) = item;
         match r {
-            None => deferred.push(item),
+            None => to_write.push(item),
             Some(Ok(d)) => {
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
@@ -137,7 +137,7 @@ pub(super) async fn finish_fire(
     }
     let (by_part, fired, later, applying) = match &shared.kafka.txn {
         Some(txn) => {
-            let written = in_transaction(shared, txn, deferred, dead, &direct, &mut retry).await;
+            let written = in_transaction(shared, txn, to_write, dead, &direct, &mut retry).await;
             (written.by_part, written.fired, written.later, written.applying)
         }
         None => {
@@ -378,13 +378,7 @@ async fn in_transaction<'a>(
     }
     let answer = txn.submit(records);
     drop(order);
-    let outcome = answer.await.unwrap_or_else(|_| {
-        Err(super::transactions::NotCommitted {
-            fatal: true,
-            reason: "the transaction thread is gone".into(),
-        })
-    });
-    match outcome {
+    match answer.wait().await {
         Ok(committed) => {
             let acks = committed.acks;
             let applying = txn.applying(committed.pending);

@@ -167,11 +167,10 @@ fn send_in_transactions(
             let _order = shared.kafka.changelog_order.blocking_lock();
             txn.submit(owned)
         };
-        match answer.blocking_recv() {
-            Ok(Ok(committed)) => return Ok(committed),
-            Ok(Err(e)) if !e.fatal => warn!(error = %e, "transaction aborted; writing again"),
-            Ok(Err(e)) => return Err(SchedulerError::Fatal(format!("writing in a transaction: {e}"))),
-            Err(_) => return Err(SchedulerError::Fatal("the transaction thread is gone".into())),
+        match answer.wait_blocking() {
+            Ok(committed) => return Ok(committed),
+            Err(e) if !e.fatal => warn!(error = %e, "transaction aborted; writing again"),
+            Err(e) => return Err(SchedulerError::Fatal(format!("writing in a transaction: {e}"))),
         }
         if shared.signals.stop.is_cancelled() {
             return Err(SchedulerError::Fatal(

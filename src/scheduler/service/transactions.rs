@@ -1,6 +1,6 @@
 //! Exactly-once mode (`scheduler.exactly_once`): every Kafka write of the
 //! scheduler goes into a transaction of two transactional producers taken in
-//! turn (see [`run`]), owned
+//! turn (see [`Thread::run`]), owned
 //! by a thread of its own (`kairos-txn`), whose blocking calls stay off the
 //! async runtime.
 //!
@@ -87,6 +87,33 @@ impl Drop for Applying<'_> {
     }
 }
 
+/// The coming answer to a submission.
+pub(super) struct Answer(tokio::sync::oneshot::Receiver<Outcome>);
+
+impl Answer {
+    /// Wait for it (the finisher's task).
+    pub(super) async fn wait(self) -> Outcome {
+        self.0.await.unwrap_or_else(|_| Err(NotCommitted::gone()))
+    }
+
+    /// Wait for it, blocking the thread (the apply lanes).
+    pub(super) fn wait_blocking(self) -> Outcome {
+        self.0
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(NotCommitted::gone()))
+    }
+}
+
+impl NotCommitted {
+    /// The transaction thread ended (the scheduler is stopping).
+    fn gone() -> NotCommitted {
+        NotCommitted {
+            fatal: true,
+            reason: "the transaction thread is gone".into(),
+        }
+    }
+}
+
 /// Records to write in one transaction (pinned to a partition, or placed by key).
 struct Submission {
     records: Vec<(OwnedRecord, Option<i32>)>,
@@ -113,7 +140,7 @@ type Unapplied = HashMap<i32, std::collections::BTreeMap<i64, usize>>;
 
 /// The scheduler's transactional writes (see the module doc).
 pub(super) struct Transactions {
-    inbox: Mutex<Sender<Submission>>,
+    inbox: Sender<Submission>,
     fence: Arc<Mutex<Fence>>,
     unapplied: Arc<Mutex<Unapplied>>,
 }
@@ -155,7 +182,7 @@ impl Transactions {
             .spawn(move || thread.run(&rx))
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         Ok(Transactions {
-            inbox: Mutex::new(inbox),
+            inbox,
             fence,
             unapplied,
         })
@@ -163,18 +190,11 @@ impl Transactions {
 
     /// Hand `records` over for the next transaction; the answer comes once
     /// it has committed or aborted.
-    pub(super) fn submit(
-        &self,
-        records: Vec<(OwnedRecord, Option<i32>)>,
-    ) -> tokio::sync::oneshot::Receiver<Outcome> {
+    pub(super) fn submit(&self, records: Vec<(OwnedRecord, Option<i32>)>) -> Answer {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        if let Err(e) = self.inbox.locked().send(Submission { records, reply }) {
-            let _ = e.0.reply.send(Err(NotCommitted {
-                fatal: true,
-                reason: "the transaction thread is gone".into(),
-            }));
-        }
-        answer
+        // A send that fails drops `reply`: the answer says the thread is gone.
+        let _ = self.inbox.send(Submission { records, reply });
+        Answer(answer)
     }
 
     /// The ingest consumer's current group generation.
