@@ -19,7 +19,7 @@ pub(super) struct FireBatch {
     /// changelog), with when each entered the window.
     pub(super) direct: HashMap<DueKey, i64>,
     pub(super) writes: FireWrites,
-    /// The partitions of `due`, each counted once in [`super::Firing`].
+    /// The partitions of `due`, each counted once in the fire rounds in flight ([`super::jobs::SchedulerJobs`]).
     pub(super) parts: HashSet<i32>,
     /// Its room in the finisher's queue, given back once it is finished.
     pub(super) room: tokio::sync::OwnedSemaphorePermit,
