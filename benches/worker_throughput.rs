@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench worker_throughput                    # A: N = 100,000; B: J = 5,000
 //! cargo bench --bench worker_throughput -- 20000 2000      # quick run (N, J[, B baseline jobs])
-//! cargo bench --bench worker_throughput -- a               # only benchmark A (or `b`)
+//! cargo bench --bench worker_throughput -- a               # only benchmark A (or `b`, `c`)
 //! ```
 //!
 //! Numbers are positional (N, then J, then the B baseline's job count, so
@@ -30,6 +30,15 @@
 //!   are counted (they must be zero). Each side runs twice; the best counts.
 //!   Besides jobs/s from the worker's start, jobs/s over the handlers' busy
 //!   window (first handler start to the J-th end: no group join) is shown.
+//!
+//! - **C, exactly-once settlement.** `$KAIROS_BENCH_C_JOBS` jobs (default
+//!   20,000; 6 partitions, 10,000 keys) whose handler writes one follow-up
+//!   each to another topic; concurrency 256. The same worker in
+//!   at-least-once mode (the baseline) and with `[worker] exactly_once`
+//!   (each commit round one transaction), interleaved, three runs each, in
+//!   fresh groups: from `run_until` until the group's committed offsets
+//!   reach every job (polled every 20 ms), so that both count only work
+//!   whose follow-ups Kafka has and whose offsets are committed. Medians.
 //!
 //! The targets are judged on the worker's default configuration. As a
 //! diagnostic, each benchmark also runs the concurrency-256 worker with
@@ -99,8 +108,10 @@ struct Args {
     n: u64,
     b_jobs: u64,
     b_baseline: u64,
+    c_jobs: u64,
     run_a: bool,
     run_b: bool,
+    run_c: bool,
 }
 
 impl Args {
@@ -115,15 +126,18 @@ impl Args {
                 .unwrap_or(default)
                 .max(1)
         };
-        let only_a = args.iter().any(|a| a.eq_ignore_ascii_case("a"));
-        let only_b = args.iter().any(|a| a.eq_ignore_ascii_case("b"));
+        let named = |x: &str| args.iter().any(|a| a.eq_ignore_ascii_case(x));
+        let (only_a, only_b, only_c) = (named("a"), named("b"), named("c"));
+        let all = !(only_a || only_b || only_c);
         let b_jobs = size(1, "KAIROS_BENCH_B_JOBS", 5_000);
         Args {
             n: size(0, "KAIROS_BENCH_N", 100_000),
             b_jobs,
             b_baseline: size(2, "KAIROS_BENCH_B_BASELINE", 1_000).min(b_jobs),
-            run_a: only_a || !only_b,
-            run_b: only_b || !only_a,
+            c_jobs: size(3, "KAIROS_BENCH_C_JOBS", 20_000),
+            run_a: only_a || all,
+            run_b: only_b || all,
+            run_c: only_c || all,
         }
     }
 }
@@ -749,4 +763,107 @@ fn main() {
     if args.run_b {
         bench_b(&rt, &broker, args.b_jobs, args.b_baseline);
     }
+    if args.run_c {
+        bench_c(&rt, &broker, args.c_jobs);
+    }
+}
+
+// ---------------------------------------------------------------- benchmark C
+
+/// Runs per mode in C (medians count).
+const C_RUNS: usize = 3;
+
+/// A worker whose handler writes one follow-up per job to `follow`, in a
+/// fresh group, from its start until its committed offsets reach `n`.
+async fn follow_up_run(cfg: &Config, topic: &str, follow: &str, n: u64, exactly_once: bool) -> Timing {
+    let mut cfg = cfg.clone();
+    cfg.worker.exactly_once = exactly_once;
+    let group = common::unique("bench-follow");
+    let follow = follow.to_string();
+    let worker = Worker::builder(&cfg)
+        .topics([topic])
+        .group(group.as_str())
+        .concurrency(CONCURRENCY)
+        .build(move |job: Job, _ctx: JobContext| {
+            let follow_up = Job::new(follow.as_str(), job.key.clone(), job.payload.clone());
+            async move { Outcome::done_with(vec![follow_up]) }
+        })
+        .expect("worker");
+    let handle = worker.handle();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let sched = sched_snapshot();
+    let started = Instant::now();
+    let task = tokio::spawn(worker.run_until(async move { s.cancelled().await }));
+    let mut first = None;
+    loop {
+        if handle.stats().started > 0 {
+            first.get_or_insert_with(|| started.elapsed());
+        }
+        let brokers = cfg.kafka.brokers.clone();
+        let (g, t) = (group.clone(), topic.to_string());
+        let done = tokio::task::spawn_blocking(move || common::committed(&brokers, &g, &t))
+            .await
+            .expect("committed offsets");
+        if done as u64 >= n {
+            break;
+        }
+        assert!(
+            started.elapsed() < RUN_TIMEOUT && !task.is_finished(),
+            "follow-up run committed {done} of {n} in {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = started.elapsed();
+    let (cpu, waited) = sched_since(&sched);
+    stop.cancel();
+    task.await.expect("worker task").expect("worker");
+    let st = handle.stats();
+    assert_eq!(st.succeeded, n, "every job once in an undisturbed run: {st:?}");
+    Timing {
+        jobs: n,
+        total,
+        first: first.unwrap_or(total),
+        cpu,
+        waited,
+    }
+}
+
+fn median_rate(runs: &[Timing]) -> f64 {
+    let mut r: Vec<f64> = runs.iter().map(Timing::rate).collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
+}
+
+fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
+    let mut cfg = broker.config();
+    cfg.topics.work_partitions = A_PARTITIONS;
+    let follow = common::unique("bench-follow-ups");
+    cfg.topics.work.push(follow.clone());
+    rt.block_on(kairos::topics::init(&cfg)).expect("topics init");
+    let topic = cfg.topics.work[0].clone();
+    fill(
+        &cfg,
+        &topic,
+        (0..n).map(|i| (format!("key-{}", i % A_KEYS), format!("{i:016}"))),
+    );
+    println!(
+        "C: {n} jobs in {topic} ({A_PARTITIONS} partitions, {A_KEYS} keys), one follow-up each; concurrency {CONCURRENCY}; until the offsets are committed"
+    );
+    let (mut alo, mut eos) = (Vec::new(), Vec::new());
+    for run in 1..=C_RUNS {
+        let a = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, false));
+        println!("  run {run} at least once: {}", a.describe("jobs"));
+        alo.push(a);
+        let e = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, true));
+        println!("  run {run} exactly once:  {}", e.describe("jobs"));
+        eos.push(e);
+    }
+    let (a, e) = (median_rate(&alo), median_rate(&eos));
+    println!(
+        "  C: exactly once / at least once, medians of {C_RUNS}: {:.2}x ({e:.0} against {a:.0} jobs/s)",
+        e / a
+    );
+    println!();
 }

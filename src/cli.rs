@@ -49,7 +49,7 @@ pub(crate) enum Command {
     /// Run the scheduler service: hold future jobs on disk, fire them on time.
     Scheduler,
     /// Run a worker with the example handler (it follows each payload's
-    /// instructions: `work=MS`, `fail=N`, `dead`).
+    /// instructions: `work=MS`, `fail=N`, `dead`, `then=TOPIC`).
     Worker {
         /// Append start/end events of every run to this file.
         #[arg(long, env = "KAIROS_EXAMPLE_EVENTS")]

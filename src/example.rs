@@ -2,8 +2,9 @@
 //!
 //! It reads its instructions from the payload, so that a demo or a test can
 //! say what each job does: `work=MS` sleeps that long, `fail=N` fails the
-//! first N attempts (then succeeds), `dead` declares the job dead at once.
-//! Anything else is simply done. With an event file it appends one line per
+//! first N attempts (then succeeds), `dead` declares the job dead at once,
+//! `then=TOPIC` writes a follow-up job to TOPIC when done (same key,
+//! payload `follow-up of JOB-ID`). Anything else is simply done. With an event file it appends one line per
 //! start and end of a run (`start|end KEY JOB-ID ATTEMPT UNIX-NANOS PID`), in
 //! one `write` each, so several worker processes can share the file and a
 //! checker can prove that no two runs of a key overlapped.
@@ -25,6 +26,8 @@ pub struct Instructions {
     pub fail: u32,
     /// Declare the job dead.
     pub dead: bool,
+    /// Write a follow-up job to this topic when done.
+    pub then: Option<String>,
 }
 
 impl Instructions {
@@ -36,6 +39,7 @@ impl Instructions {
             match word.split_once('=') {
                 Some(("work", ms)) => out.work = Duration::from_millis(ms.parse().unwrap_or(0)),
                 Some(("fail", n)) => out.fail = n.parse().unwrap_or(0),
+                Some(("then", topic)) if !topic.is_empty() => out.then = Some(topic.to_string()),
                 None if word == "dead" => out.dead = true,
                 _ => {}
             }
@@ -99,6 +103,9 @@ pub async fn handle(job: Job, ctx: JobContext, log: Option<EventLog>) -> Outcome
             "failing as asked (attempt {} of {} failures)",
             job.attempt, ins.fail
         ))
+    } else if let Some(topic) = &ins.then {
+        let payload = format!("follow-up of {}", job.id);
+        Outcome::done_with(vec![Job::new(topic.as_str(), job.key.clone(), payload)])
     } else {
         Outcome::done()
     };
@@ -119,8 +126,13 @@ mod tests {
             Instructions {
                 work: Duration::from_millis(20),
                 fail: 2,
-                dead: false
+                dead: false,
+                then: None,
             }
+        );
+        assert_eq!(
+            Instructions::parse(b"then=emails.sent").then.as_deref(),
+            Some("emails.sent")
         );
         assert!(Instructions::parse(b"dead").dead);
         assert_eq!(Instructions::parse(&[0xff, b' ', b'x']), Instructions::default());

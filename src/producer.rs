@@ -147,6 +147,22 @@ impl Producer {
 
     #[instrument(skip_all, fields(job_id = %job.id, key = %job.key_lossy(), topic = %job.topic))]
     async fn write(&self, job: Job) -> Result<JobId, ProduceError> {
+        let id = job.id;
+        let (rec, due) = self.route(job).await?;
+        let d = kafka::send(&self.inner, &rec, None)
+            .await
+            .map_err(|source| ProduceError::Kafka {
+                topic: rec.topic.clone(),
+                source,
+            })?;
+        debug!(due, partition = d.partition, offset = d.offset, destination = %rec.topic, "job written");
+        Ok(id)
+    }
+
+    /// The record that writes `job` (to its work topic when due, else to
+    /// the schedule topic), once the job is checked against the limits and
+    /// its work topic is known to exist; and whether it is due.
+    pub(crate) async fn route(&self, job: Job) -> Result<(wire::OwnedRecord, bool), ProduceError> {
         wire::check(&job, &self.limits).map_err(|reason| ProduceError::InvalidJob { id: job.id, reason })?;
         let exists = self
             .topic_check
@@ -161,15 +177,7 @@ impl Producer {
         }
         let due = job.is_due(self.clock.now()) && !self.fair_topics.contains(&job.topic);
         let destination = if due { &job.topic } else { &self.topics.schedule };
-        let rec = wire::encode(&job, destination);
-        let d = kafka::send(&self.inner, &rec, None)
-            .await
-            .map_err(|source| ProduceError::Kafka {
-                topic: destination.clone(),
-                source,
-            })?;
-        debug!(due, partition = d.partition, offset = d.offset, destination = %destination, "job written");
-        Ok(job.id)
+        Ok((wire::encode(&job, destination), due))
     }
 
     /// Ask the scheduler to drop the pending job `id`.

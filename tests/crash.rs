@@ -11,12 +11,16 @@
 //! overlapping must be zero; duplicates are counted (the README says where
 //! they come from).
 //!
-//! The suite runs four times: on a plain work topic; on a fair topic
+//! The suite runs six times: on a plain work topic; on a fair topic
 //! (`[fair]`) where every job goes through the scheduler and one tenant
 //! owns half the jobs; with `on_failure = "hold_key"`, more jobs failing
 //! (once or twice), where no job of a key may start before every job of its
-//! key written before it has succeeded, across retries; and on a plain
-//! topic on a three-broker cluster whose leader is killed.
+//! key written before it has succeeded, across retries; on a plain topic
+//! on a three-broker cluster whose leader is killed; and in exactly-once
+//! mode (scheduler and workers), each job writing a follow-up, with the
+//! process faults and with the leader killed: there the checker reads
+//! read_committed and finds no duplicate fire and every follow-up once (a
+//! read_uncommitted read shows the aborted copies).
 //!
 //! `KAIROS_CRASH_TIMELINE=1` prints, for the first keys whose order broke in
 //! hold-key mode, every start and end of their jobs with the fault times.
@@ -43,7 +47,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
 use common::events;
-use common::{read_up_to, record_count, wait_for, Broker, ChildGuard};
+use common::{read_all, read_up_to, record_count, wait_for, Broker, ChildGuard};
 use kairos::config::GroupProtocol;
 use kairos::wire::{self, Command as Cmd, Context, Limits, RecordView};
 use kairos::{Job, JobId, Producer};
@@ -289,6 +293,20 @@ async fn fair_topic_jobs_survive_killed_schedulers_workers_and_a_restarted_broke
 /// The same faults with `on_failure = "hold_key"`: a failing job holds its
 /// key while its later jobs are parked through the scheduler, across the
 /// workers' SIGKILLs, restarts and rebalances and the scheduler's SIGKILLs.
+/// The process faults with the scheduler and the workers in exactly-once
+/// mode, every job writing a follow-up: no job fires twice and every job
+/// writes its follow-up once, as read_committed readers see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_jobs_fire_once_and_write_their_follow_ups_once_through_faults() {
+    crash_suite(Mode::ExactlyOnce, Faults::Processes).await;
+}
+
+/// Exactly-once mode on three brokers whose partitions' leader is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_jobs_fire_once_through_the_partition_leader_killed() {
+    crash_suite(Mode::ExactlyOnce, Faults::LeaderLoss).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_keys_keep_their_order_through_killed_schedulers_workers_and_a_restarted_broker() {
     crash_suite(Mode::HoldKey, Faults::Processes).await;
@@ -316,13 +334,16 @@ enum Mode {
     Fair,
     /// A plain topic whose failing jobs hold their keys.
     HoldKey,
+    /// A plain topic, scheduler and workers in exactly-once mode; each job
+    /// writes a follow-up to a topic of its own.
+    ExactlyOnce,
 }
 
 impl Mode {
     /// The tenant of key `k` of `keys` (`None` on a plain topic).
     fn tenant(self, k: usize, keys: usize) -> Option<String> {
         match self {
-            Mode::Plain | Mode::HoldKey => None,
+            Mode::Plain | Mode::HoldKey | Mode::ExactlyOnce => None,
             Mode::Fair if k < keys / 2 => Some("flood".into()),
             Mode::Fair => Some(format!("small{}", k % 10)),
         }
@@ -392,10 +413,18 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     // members restarted at once, so a kill -9 never waits for it. Workers
     // keep 6 s, so that a killed worker's partitions move within seconds.
     cfg.scheduler.session_timeout = Duration::from_secs(30);
+    let follow = format!("{}.follow-ups", cfg.topics.work[0]);
     match mode {
         Mode::Fair => cfg.fair.topics = cfg.topics.work.clone(),
         Mode::HoldKey => cfg.worker.on_failure = kairos::config::OnFailure::HoldKey,
         Mode::Plain => {}
+        Mode::ExactlyOnce => {
+            cfg.scheduler.exactly_once = true;
+            cfg.worker.exactly_once = true;
+            cfg.worker.transaction_timeout = Duration::from_secs(10);
+            cfg.topics.work.push(follow.clone());
+            cfg.worker.topics = vec![cfg.topics.work[0].clone()];
+        }
     }
     kairos::topics::init(&cfg).await.unwrap();
     let config_path = dir.path().join("kairos.toml");
@@ -413,7 +442,9 @@ async fn crash_suite(mode: Mode, faults: Faults) {
             logs_dir.clone(),
         )
     };
-    let worker = || {
+    // Each worker restarts with its transactional id (exactly-once mode),
+    // which ends at once what its killed self left open.
+    let worker = |i: usize| {
         Proc::spawn(
             vec![
                 "--config".into(),
@@ -422,12 +453,15 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                 "--events".into(),
                 events.to_str().unwrap().into(),
             ],
-            vec![],
+            vec![(
+                "KAIROS_WORKER__TRANSACTIONAL_ID".into(),
+                format!("{}-{i}", cfg.worker.group_id),
+            )],
             logs_dir.clone(),
         )
     };
     let mut schedulers: Vec<Proc> = (0..2).map(scheduler).collect();
-    let mut workers: Vec<Proc> = (0..3).map(|_| worker()).collect();
+    let mut workers: Vec<Proc> = (0..3).map(worker).collect();
     let mut deaths: HashMap<u32, u128> = HashMap::new();
 
     // Jobs: each key's jobs written in sequence, in rounds; in each round a
@@ -447,10 +481,14 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                     500 + (seq as i64 * 300) % 12_000
                 };
                 let fail = mode.fails(k, seq);
+                let then = match mode {
+                    Mode::ExactlyOnce => format!(" then={follow}"),
+                    _ => String::new(),
+                };
                 let mut job = Job::new(
                     &work,
                     format!("key-{k}"),
-                    format!("seq={seq} work=2 fail={fail}").into_bytes(),
+                    format!("seq={seq} work=2 fail={fail}{then}").into_bytes(),
                 );
                 job.tenant = mode.tenant(k, keys);
                 fails.insert(job.id, fail);
@@ -586,15 +624,35 @@ async fn crash_suite(mode: Mode, faults: Faults) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    if mode == Mode::ExactlyOnce {
+        // A job's follow-up commits with its offset, in the commit round
+        // after its success was logged: wait for the last rounds.
+        wait_for("every follow-up committed", Duration::from_secs(120), || {
+            let recs = read_all(
+                &cfg.kafka.brokers,
+                &follow,
+                "read_committed",
+                Duration::from_secs(60),
+            );
+            let of: HashSet<&[u8]> = recs.iter().map(|m| m.payload().unwrap_or_default()).collect();
+            (of.len() >= total).then_some(())
+        });
+    }
     drop(workers);
     drop(schedulers);
 
     // ---- the independent checker
     let brokers = cfg.kafka.brokers.clone();
-    // Work topic: every record, in partition order.
-    let n = record_count(&brokers, &work) as usize;
-    let records = read_up_to(&brokers, &work, n, Duration::from_secs(60));
-    assert_eq!(records.len(), n);
+    // Work topic: every record, in partition order (in exactly-once mode,
+    // every committed one, as read_committed readers see them).
+    let records = if mode == Mode::ExactlyOnce {
+        read_all(&brokers, &work, "read_committed", Duration::from_secs(60))
+    } else {
+        let n = record_count(&brokers, &work) as usize;
+        let records = read_up_to(&brokers, &work, n, Duration::from_secs(60));
+        assert_eq!(records.len(), n);
+        records
+    };
     let mut early_fires = 0;
     let mut parked_copies = 0;
     let mut work_copies: HashMap<JobId, usize> = HashMap::new();
@@ -752,7 +810,45 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     );
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
+    if mode == Mode::ExactlyOnce {
+        check_exactly_once(&brokers, &work, &follow, &fails, fire_duplicates);
+    }
     drop(broker);
+}
+
+/// Exactly-once mode: no job fired twice, and each job wrote its follow-up
+/// once, as read_committed readers see them; prints what read_uncommitted
+/// readers see beyond that (the copies of aborted transactions).
+fn check_exactly_once(
+    brokers: &str,
+    work: &str,
+    follow: &str,
+    fails: &HashMap<JobId, u32>,
+    fire_duplicates: usize,
+) {
+    let t = Duration::from_secs(60);
+    let mut follow_ups: HashMap<String, usize> = HashMap::new();
+    for m in read_all(brokers, follow, "read_committed", t) {
+        let text = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+        *follow_ups.entry(text).or_default() += 1;
+    }
+    let missing = fails
+        .keys()
+        .filter(|id| !follow_ups.contains_key(&format!("follow-up of {id}")))
+        .count();
+    let twice = follow_ups.values().filter(|n| **n > 1).count();
+    let aborted_fires = read_all(brokers, work, "read_uncommitted", t).len()
+        - read_all(brokers, work, "read_committed", t).len();
+    let aborted_follow_ups =
+        read_all(brokers, follow, "read_uncommitted", t).len() - follow_ups.values().sum::<usize>();
+    eprintln!(
+        "exactly once: {fire_duplicates} extra fires, {twice} follow-ups written twice, {missing} missing; \
+         read_uncommitted only (aborted): {aborted_fires} fires, {aborted_follow_ups} follow-ups"
+    );
+    assert_eq!(fire_duplicates, 0, "jobs fired twice");
+    assert_eq!(twice, 0, "follow-ups written twice");
+    assert_eq!(missing, 0, "jobs without their follow-up");
+    assert_eq!(follow_ups.len(), fails.len(), "follow-ups of jobs not written");
 }
 
 /// How many of the times in `seen` beyond the first of each entry (the

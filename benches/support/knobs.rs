@@ -150,6 +150,11 @@ pub const KNOBS: &[(&str, &str, &str)] = &[
         "benchmark B's baseline jobs (1,000)",
     ),
     (
+        "KAIROS_BENCH_C_JOBS",
+        "worker_throughput",
+        "benchmark C's jobs (20,000)",
+    ),
+    (
         "KAIROS_BENCH_TIMELINE",
         "worker_throughput",
         "print B's handler starts per 50 ms",

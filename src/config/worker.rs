@@ -70,6 +70,29 @@ pub struct WorkerConfig {
     /// scheduler, its key held until it comes back.
     #[serde(with = "humantime_serde")]
     pub pacing_horizon: Duration,
+    /// Settle in Kafka transactions: what the jobs finished in a commit
+    /// round write (follow-ups, retries, deferrals, dead letters, jobs
+    /// handed back to the scheduler) and the work offsets past them commit
+    /// together, so each job's writes appear once to `read_committed`
+    /// consumers, through crashes and zombies. A job's writes wait in
+    /// memory until every job before it in its partition has finished too,
+    /// then for the next commit round (every 100 ms). Not with topics that
+    /// hold keys (`hold_key`, pacing). Off: at least once.
+    pub exactly_once: bool,
+    /// With `exactly_once`: how long the broker lets a transaction stay
+    /// open before it aborts it. A killed worker's open transaction holds
+    /// back every `read_committed` reader of the partitions it wrote to
+    /// until then (or until a worker with its `transactional_id` starts).
+    /// Handlers run outside transactions: this does not bound them. At
+    /// least 1 s.
+    #[serde(with = "humantime_serde")]
+    pub transaction_timeout: Duration,
+    /// With `exactly_once`: this worker's `transactional.id`, unique per
+    /// running worker. A worker restarted with the same id ends what its
+    /// killed self left open at once, instead of after
+    /// `transaction_timeout`. Empty: generated at each start (from the
+    /// group and a random number).
+    pub transactional_id: String,
     /// The worker's admin endpoint (`[worker.admin]`; off by default).
     pub admin: AdminConfig,
 }
@@ -110,6 +133,9 @@ impl Default for WorkerConfig {
             hold_give_up: Duration::from_millis(crate::worker::hold::GIVE_UP_MS as u64),
             pacing: BTreeMap::new(),
             pacing_horizon: Duration::from_secs(1),
+            exactly_once: false,
+            transaction_timeout: Duration::from_secs(15),
+            transactional_id: String::new(),
             admin: AdminConfig::default(),
         }
     }

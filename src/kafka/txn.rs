@@ -9,6 +9,7 @@
 //! [`TxnError::Fatal`] (the producer is unusable: fenced by a newer
 //! instance with the same `transactional.id`, or a broken protocol state).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -31,6 +32,12 @@ pub enum TxnError {
     /// `transactional.id`, or an unrecoverable state): stop using it.
     #[error("transactional producer failed: {0}")]
     Fatal(KafkaError),
+    /// A commit failed without saying whether the transaction committed
+    /// (it ran out of time, or the producer failed during it): its work
+    /// must be neither done again nor counted as done. Stop; a restart
+    /// goes on from what Kafka holds.
+    #[error("transaction commit in doubt: {0}")]
+    InDoubt(KafkaError),
 }
 
 /// A producer whose records are written in transactions.
@@ -38,6 +45,8 @@ pub struct Transactional {
     producer: FutureProducer,
     /// How long each blocking call may take.
     timeout: Duration,
+    /// What the producer was made from, to make it again ([`Transactional::renew`]).
+    config: rdkafka::ClientConfig,
 }
 
 impl Transactional {
@@ -67,9 +76,31 @@ impl Transactional {
         );
         let producer: FutureProducer = c.create().map_err(TxnError::Fatal)?;
         let timeout = cfg.produce_timeout.max(Duration::from_secs(10));
-        let t = Transactional { producer, timeout };
+        let t = Transactional {
+            producer,
+            timeout,
+            config: c,
+        };
         t.retrying(|p, left| p.init_transactions(left))?;
         Ok(t)
+    }
+
+    /// After a [`TxnError::Fatal`]: a new producer with the same
+    /// `transactional.id`, its transactions initialised, as a restarted
+    /// process would make. A transaction the coordinator aborted on its
+    /// time-out (a broker lost meanwhile) bumps the producer's epoch, which
+    /// leaves the old producer fenced for good although no other instance
+    /// runs. Two live instances given the same id fence each other in turn.
+    /// Blocks.
+    pub fn renew(&mut self) -> Result<(), TxnError> {
+        let new: FutureProducer = self.config.create().map_err(TxnError::Fatal)?;
+        let old = std::mem::replace(&mut self.producer, new);
+        // Destroying a producer waits for its threads, which may wait for
+        // a broker that is gone: not on the caller's thread.
+        let _ = std::thread::Builder::new()
+            .name("kairos-txn-drop".into())
+            .spawn(move || drop(old));
+        self.retrying(|p, left| p.init_transactions(left))
     }
 
     /// The producer, to write a transaction's records with (between
@@ -86,17 +117,53 @@ impl Transactional {
     /// Add consumer offsets to the transaction: they commit with it, and
     /// only if `group` is still the group's current generation (KIP-447:
     /// a member the group moved on from cannot commit).
+    ///
+    /// librdkafka (2.12 to 2.14 at least) can block in this call past its
+    /// time-out, forever, when the group coordinator's broker was lost
+    /// (librdkafka issues 5456 and 5511). The call runs on a thread of its
+    /// own: past the time-out and a grace period the producer counts as
+    /// failed ([`TxnError::Fatal`], so the caller makes it anew with
+    /// [`Transactional::renew`]) and that thread is left behind.
     pub fn send_offsets(
         &self,
         offsets: &TopicPartitionList,
-        group: &ConsumerGroupMetadata,
+        group: &Arc<ConsumerGroupMetadata>,
     ) -> Result<(), TxnError> {
-        self.retrying(|p, left| p.send_offsets_to_transaction(offsets, group, left))
+        let (done, answer) = std::sync::mpsc::channel();
+        let (producer, offsets, group) = (self.producer.clone(), offsets.clone(), group.clone());
+        let timeout = self.timeout;
+        std::thread::Builder::new()
+            .name("kairos-txn-offsets".into())
+            .spawn(move || {
+                let r = retrying(&producer, timeout, |p, left| {
+                    p.send_offsets_to_transaction(&offsets, &group, left)
+                });
+                let _ = done.send(r);
+            })
+            .map_err(|e| {
+                tracing::warn!(error = %e, "no thread to add offsets to the transaction");
+                TxnError::Abortable(KafkaError::Canceled)
+            })?;
+        answer
+            .recv_timeout(timeout + Duration::from_secs(5))
+            .unwrap_or_else(|_| {
+                tracing::warn!(timeout = ?timeout,
+                    "adding offsets to the transaction hangs past its time-out; the producer counts as failed");
+                Err(TxnError::Fatal(KafkaError::Canceled))
+            })
     }
 
     /// Commit the transaction, once every record in it is acknowledged.
+    /// [`TxnError::Abortable`] only when the transaction did not commit
+    /// (abort it); [`TxnError::InDoubt`] when that is not known.
     pub fn commit(&self) -> Result<(), TxnError> {
         self.retrying(|p, left| p.commit_transaction(left))
+            .map_err(|e| match e {
+                TxnError::Abortable(KafkaError::Transaction(r)) if r.txn_requires_abort() => {
+                    TxnError::Abortable(KafkaError::Transaction(r))
+                }
+                TxnError::Abortable(e) | TxnError::Fatal(e) | TxnError::InDoubt(e) => TxnError::InDoubt(e),
+            })
     }
 
     /// Abort the transaction: its records are never read by read_committed
@@ -104,26 +171,36 @@ impl Transactional {
     pub fn abort(&self) -> Result<(), TxnError> {
         self.retrying(|p, left| p.abort_transaction(left))
             .map_err(|e| match e {
-                TxnError::Abortable(e) | TxnError::Fatal(e) => TxnError::Fatal(e),
+                TxnError::Abortable(e) | TxnError::Fatal(e) | TxnError::InDoubt(e) => TxnError::Fatal(e),
             })
     }
 
     /// Call `f` until it succeeds, fails for good, or the time-out passes.
     fn retrying(
         &self,
-        mut f: impl FnMut(&FutureProducer, Duration) -> Result<(), KafkaError>,
+        f: impl FnMut(&FutureProducer, Duration) -> Result<(), KafkaError>,
     ) -> Result<(), TxnError> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match f(&self.producer, left.max(Duration::from_millis(1))) {
-                Ok(()) => return Ok(()),
-                Err(e) if is_retriable(&e) && Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "transaction call retried");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => return Err(classify(e)),
+        retrying(&self.producer, self.timeout, f)
+    }
+}
+
+/// Call `f` on `producer` until it succeeds, fails for good, or `timeout`
+/// passes.
+fn retrying(
+    producer: &FutureProducer,
+    timeout: Duration,
+    mut f: impl FnMut(&FutureProducer, Duration) -> Result<(), KafkaError>,
+) -> Result<(), TxnError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match f(producer, left.max(Duration::from_millis(1))) {
+            Ok(()) => return Ok(()),
+            Err(e) if is_retriable(&e) && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "transaction call retried");
+                std::thread::sleep(Duration::from_millis(50));
             }
+            Err(e) => return Err(classify(e)),
         }
     }
 }

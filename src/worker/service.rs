@@ -29,6 +29,7 @@ mod poll;
 mod ready;
 mod stats;
 mod touch;
+mod transactions;
 
 use stats::{stats, TopicCounts, WorkerCounters};
 pub use stats::{WorkerHandle, WorkerStats};
@@ -155,6 +156,9 @@ struct WorkerState {
     heard: Option<std::time::Instant>,
     /// Jobs are not started for want of such an answer.
     out_of_touch: bool,
+    /// Exactly-once mode: per partition, the writes of its finished jobs
+    /// by offset, until a transaction commits the partition past them.
+    staged: HashMap<Tp, std::collections::BTreeMap<i64, Vec<crate::wire::OwnedRecord>>>,
 }
 
 impl WorkerState {
@@ -354,6 +358,11 @@ impl WorkerBuilder {
             .map(|_| tokio::sync::mpsc::unbounded_channel())
             .unzip();
         let (keeper, keeper_inbox) = keeper::Keeper::new();
+        let outbox = Arc::new(KafkaOutbox {
+            producer: producer.clone(),
+            raw: raw.clone(),
+            dead_letter_topic: cfg.topics.dead_letter.clone(),
+        });
         Ok(Worker {
             admin,
             driver_inboxes,
@@ -372,11 +381,7 @@ impl WorkerBuilder {
                 },
                 out: Writers {
                     settler: Settler {
-                        outbox: Arc::new(KafkaOutbox {
-                            producer: producer.clone(),
-                            raw: raw.clone(),
-                            dead_letter_topic: cfg.topics.dead_letter.clone(),
-                        }),
+                        outbox: outbox.clone(),
                         policy: RetryPolicy {
                             max_attempts: w.max_attempts,
                             backoff: Backoff {
@@ -385,6 +390,7 @@ impl WorkerBuilder {
                             },
                         },
                         clock: self.clock.clone(),
+                        staged: w.exactly_once.then_some(outbox),
                     },
                     producer,
                     raw,

@@ -5,11 +5,14 @@
 //! The decision ([`plan`]) is pure: the job, the outcome, the retry policy
 //! and the time in, the writes to make out. The writes go through an
 //! [`Outbox`]: Kafka in a running [`crate::worker::Worker`], memory in a
-//! [`crate::worker::TestWorker`], so both run the same rules.
+//! [`crate::worker::TestWorker`], so both run the same rules. In
+//! exactly-once mode they are made into records and handed to a [`Stage`]
+//! all at once, to be written in the transaction that commits past the
+//! job's offset.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,7 +23,8 @@ use tracing::{debug, warn};
 use crate::clock::SharedClock;
 use crate::job::{truncate_to_millis, Job};
 use crate::producer::{ProduceError, Producer};
-use crate::wire::DeadLetter;
+use crate::sync::Lock;
+use crate::wire::{DeadLetter, OwnedRecord};
 use crate::worker::handler::{Backoff, Outcome};
 use crate::{kafka, wire};
 
@@ -28,7 +32,7 @@ use crate::{kafka, wire};
 pub(crate) type Write<'a, E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'a>>;
 
 /// Where a worker's writes go.
-pub(crate) trait Outbox: Send + Sync + 'static {
+pub(crate) trait Outbox: Send + Sync {
     /// Write a job: to its work topic when due, else through the scheduler
     /// (retries and follow-ups).
     fn enqueue(&self, job: Job) -> Write<'_, ProduceError>;
@@ -61,6 +65,38 @@ impl Outbox for KafkaOutbox {
     }
 }
 
+/// Where a job's writes wait for their transaction (exactly-once mode).
+pub(crate) trait Stage: Send + Sync {
+    /// Keep `records`, every write of the job read at `origin`, for the
+    /// transaction that commits its partition past it; false when the
+    /// partition is no longer owned as it was when the job was read (the
+    /// job is read again by the next owner).
+    fn stage(&self, origin: Origin<'_>, records: Vec<OwnedRecord>) -> bool;
+}
+
+/// An outbox that makes a settlement's writes into records and keeps them
+/// (exactly-once mode): they reach Kafka only once staged, all together.
+struct Collect<'a> {
+    via: &'a KafkaOutbox,
+    records: Mutex<Vec<OwnedRecord>>,
+}
+
+impl Outbox for Collect<'_> {
+    fn enqueue(&self, job: Job) -> Write<'_, ProduceError> {
+        Box::pin(async move {
+            let (rec, _) = self.via.producer.route(job).await?;
+            self.records.locked().push(rec);
+            Ok(())
+        })
+    }
+
+    fn dead_letter(&self, job: Job, dead: DeadLetter) -> Write<'_, String> {
+        let rec = wire::dead_job_record(&job, &dead, &self.via.dead_letter_topic);
+        self.records.locked().push(rec);
+        Box::pin(async { Ok(()) })
+    }
+}
+
 /// How failed jobs are tried again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RetryPolicy {
@@ -76,6 +112,8 @@ pub(crate) struct Origin<'a> {
     pub(crate) topic: &'a str,
     pub(crate) partition: i32,
     pub(crate) offset: i64,
+    /// Which ownership of the partition it was read under.
+    pub(crate) generation: u64,
 }
 
 /// The writes an outcome asks for.
@@ -172,18 +210,22 @@ pub(crate) struct Settler {
     pub(crate) outbox: Arc<dyn Outbox>,
     pub(crate) policy: RetryPolicy,
     pub(crate) clock: SharedClock,
+    /// Exactly-once mode: what makes the records a [`Stage`] keeps.
+    pub(crate) staged: Option<Arc<KafkaOutbox>>,
 }
 
 impl Settler {
     /// Carry out `outcome` for `job`; `None` when `cancel` fired before its
-    /// writes were acknowledged (the job is then re-delivered to the
-    /// partition's next owner).
+    /// writes were acknowledged, or `stage` refused them (the job is then
+    /// re-delivered to the partition's next owner). With `stage` (and
+    /// [`Settler::staged`]), the writes are staged, not written.
     pub(crate) async fn settle(
         &self,
         job: &Job,
         origin: Origin<'_>,
         outcome: Outcome,
         cancel: &CancellationToken,
+        stage: Option<&dyn Stage>,
     ) -> Option<Settled> {
         let plan = plan(
             job,
@@ -194,7 +236,28 @@ impl Settler {
         );
         let mut delay = kafka::RetryDelay::new();
         loop {
-            match self.write(job, origin, &plan).await {
+            let written = match (stage, &self.staged) {
+                (Some(stage), Some(via)) => {
+                    let collect = Collect {
+                        via,
+                        records: Mutex::new(Vec::new()),
+                    };
+                    match self.write(&collect, job, origin, &plan).await {
+                        // Staged whole, or not at all: a write failed
+                        // half-way leaves nothing behind to be written twice.
+                        Ok(settled) => {
+                            let records = collect.records.into_inner().unwrap_or_else(|e| e.into_inner());
+                            if !stage.stage(origin, records) {
+                                return None;
+                            }
+                            Ok(settled)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => self.write(&*self.outbox, job, origin, &plan).await,
+            };
+            match written {
                 Ok(settled) => return Some(settled),
                 Err(e) => warn!(job_id = %job.id, error = %e, "writing the outcome failed; retrying"),
             }
@@ -205,10 +268,16 @@ impl Settler {
         }
     }
 
-    async fn write(&self, job: &Job, origin: Origin<'_>, plan: &Plan) -> Result<Settled, String> {
+    async fn write(
+        &self,
+        outbox: &dyn Outbox,
+        job: &Job,
+        origin: Origin<'_>,
+        plan: &Plan,
+    ) -> Result<Settled, String> {
         match plan {
             Plan::Done { follow_ups } => {
-                let writes = follow_ups.iter().map(|f| self.outbox.enqueue(f.clone()));
+                let writes = follow_ups.iter().map(|f| outbox.enqueue(f.clone()));
                 match futures::future::join_all(writes)
                     .await
                     .into_iter()
@@ -223,34 +292,37 @@ impl Settler {
                     // A follow-up that can never be written fails the job for
                     // good (retrying the job would hit the same wall).
                     Some(e) if e.is_permanent() => {
-                        self.dead_letter(job.clone(), origin, format!("follow-up rejected: {e}"))
-                            .await
+                        let reason = format!("follow-up rejected: {e}");
+                        self.dead_letter(outbox, job.clone(), origin, reason).await
                     }
                     Some(e) => Err(e.to_string()),
                 }
             }
             Plan::Retry { next, delay } => {
-                self.outbox
-                    .enqueue(next.clone())
-                    .await
-                    .map_err(|e| e.to_string())?;
+                outbox.enqueue(next.clone()).await.map_err(|e| e.to_string())?;
                 debug!(job_id = %job.id, attempt = job.attempt, delay = ?delay,
                     error = next.last_error.as_deref().unwrap_or_default(), "retry scheduled");
                 Ok(Settled::Retried { next: next.clone() })
             }
-            Plan::Dead { job, reason } => self.dead_letter(job.clone(), origin, reason.clone()).await,
-            Plan::Defer { next } => {
-                self.outbox
-                    .enqueue(next.clone())
+            Plan::Dead { job, reason } => {
+                self.dead_letter(outbox, job.clone(), origin, reason.clone())
                     .await
-                    .map_err(|e| e.to_string())?;
+            }
+            Plan::Defer { next } => {
+                outbox.enqueue(next.clone()).await.map_err(|e| e.to_string())?;
                 debug!(job_id = %job.id, run_at = %wire::format_time(next.run_at), "deferred");
                 Ok(Settled::Deferred { next: next.clone() })
             }
         }
     }
 
-    async fn dead_letter(&self, job: Job, origin: Origin<'_>, reason: String) -> Result<Settled, String> {
+    async fn dead_letter(
+        &self,
+        outbox: &dyn Outbox,
+        job: Job,
+        origin: Origin<'_>,
+        reason: String,
+    ) -> Result<Settled, String> {
         let dead = DeadLetter {
             reason,
             origin_topic: origin.topic.to_string(),
@@ -258,7 +330,7 @@ impl Settler {
             origin_offset: origin.offset,
         };
         let (id, key) = (job.id, job.key_lossy().into_owned());
-        self.outbox.dead_letter(job, dead.clone()).await?;
+        outbox.dead_letter(job, dead.clone()).await?;
         warn!(job_id = %id, key = %key, partition = origin.partition, offset = origin.offset,
             reason = %dead.reason, "job dead-lettered");
         Ok(Settled::DeadLettered { reason: dead.reason })

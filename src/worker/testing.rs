@@ -109,6 +109,7 @@ impl TestWorker {
                     },
                 },
                 clock: Arc::new(clock.clone()),
+                staged: None,
             },
             outbox,
             clock,
@@ -160,10 +161,11 @@ impl TestWorker {
             topic: &job.topic,
             partition: 0,
             offset,
+            generation: 0,
         };
         let settled = self
             .settler
-            .settle(&job, origin, outcome.clone(), &cancel)
+            .settle(&job, origin, outcome.clone(), &cancel, None)
             .await
             .expect("a test worker's job is never cancelled");
         Run {

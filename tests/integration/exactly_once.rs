@@ -153,6 +153,53 @@ async fn an_exactly_once_scheduler_killed_with_sigkill_fires_each_job_once() {
     drop(child);
 }
 
+/// A second exactly-once scheduler joins while the first fires and
+/// persists: the first hands partitions over at once, its last
+/// transactions committing with the group's new generation (before, they
+/// kept aborting with the old one until the revocation deadline, here two
+/// minutes), and every job fires once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exactly_once_scheduler_hands_partitions_to_one_joining_without_waiting_out_its_deadline() {
+    let SetUp {
+        _broker,
+        dir,
+        cfg,
+        work,
+        ..
+    } = set_up(|c| {
+        c.scheduler.exactly_once = true;
+        c.scheduler.revocation_deadline = Duration::from_secs(120);
+    })
+    .await;
+    // A backlog to ingest and persist when the second joins.
+    let mut expected = HashMap::new();
+    for round in 0..5 {
+        expected.extend(to_schedule(&cfg, &mixed(&work, round, 2000)).await);
+    }
+    let first = start(&cfg);
+    let mut second_cfg = cfg.clone();
+    second_cfg.scheduler.data_dir = dir.path().join("second");
+    wait_for("the first to own its partitions", T, || {
+        (!first.handle.stats().owned.is_empty()).then_some(())
+    });
+    let second = start(&second_cfg);
+    // Jobs keep coming while the group rebalances.
+    let joined = std::time::Instant::now();
+    let mut round = 5;
+    while second.handle.stats().owned.is_empty() {
+        assert!(
+            joined.elapsed() < Duration::from_secs(40),
+            "the joining scheduler got no partition within 40 s"
+        );
+        expected.extend(to_schedule(&cfg, &mixed(&work, round, 1000)).await);
+        round += 1;
+    }
+    eprintln!("partitions handed over {:?} after the join", joined.elapsed());
+    check_exactly_once(&cfg, &expected);
+    second.stop().await;
+    first.stop().await;
+}
+
 /// What the fence of exactly-once mode rests on (KIP-447), through
 /// [`kairos::kafka::Transactional`]: a transaction that adds offsets with
 /// the group generation of a member the group has moved on from cannot
@@ -220,7 +267,9 @@ async fn a_transaction_with_a_stale_group_generation_aborts() {
         .add_partition_offset(&cfg.topics.schedule, 0, Offset::Offset(0))
         .unwrap();
     let sent = tokio::task::spawn_blocking(move || {
-        let r = txn.send_offsets(&offsets, &stale).and_then(|()| txn.commit());
+        let r = txn
+            .send_offsets(&offsets, &std::sync::Arc::new(stale))
+            .and_then(|()| txn.commit());
         let aborted = matches!(r, Err(TxnError::Abortable(_))) && txn.abort().is_ok();
         (r.map_err(|e| e.to_string()), aborted)
     })

@@ -23,3 +23,4 @@ mod foreign_clients;
 mod scheduler;
 mod store_faults;
 mod worker;
+mod worker_exactly_once;

@@ -32,6 +32,13 @@ impl ConsumerContext for SchedulerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else { return };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        // The rebalance may have moved the group to a new generation
+        // already (cooperative assignment revokes after joining it): the
+        // transactions that finish the partitions' work commit with it.
+        // Ingest, which otherwise keeps it current, waits for this callback.
+        if let Some(t) = &self.shared.kafka.txn {
+            t.set_group(consumer.group_metadata());
+        }
         Draining::revoke(&self.shared, parts, consumer);
     }
 

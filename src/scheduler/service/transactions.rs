@@ -290,12 +290,12 @@ impl Thread {
     /// again 20 ms later). The other producer's does not wait, and a
     /// transaction still begins only once the one before it committed, so
     /// records keep the order they were submitted in.
-    fn run(&self, rx: &Receiver<Submission>) {
+    fn run(mut self, rx: &Receiver<Submission>) {
         let mut broken: Option<String> = None;
         let mut turn = 0usize;
         while let Ok(first) = rx.recv() {
             turn += 1;
-            let producer = &self.producers[turn % 2];
+            let which = turn % 2;
             let mut subs = vec![first];
             let mut records = subs[0].records.len();
             while records < MOST_RECORDS {
@@ -311,7 +311,7 @@ impl Thread {
                 answer(subs, &why);
                 continue;
             }
-            match round(producer, &subs, &self.fence, &self.schedule) {
+            match round(&self.producers[which], &subs, &self.fence, &self.schedule) {
                 Ok(acks) => {
                     for (s, a) in subs.into_iter().zip(acks) {
                         let committed = self.note_unapplied(&s.records, a);
@@ -319,10 +319,20 @@ impl Thread {
                     }
                 }
                 Err(e) => {
-                    let fatal = matches!(e, TxnError::Fatal(_));
+                    let mut fatal = matches!(e, TxnError::Fatal(_) | TxnError::InDoubt(_));
                     let reason = e.to_string();
-                    if fatal {
+                    // Fenced after the coordinator timed a transaction out
+                    // (a broker lost meanwhile), before any commit: a new
+                    // producer goes on and the writers do their work again,
+                    // as after an abort. A commit in doubt stops.
+                    if matches!(e, TxnError::InDoubt(_)) {
                         broken = Some(reason.clone());
+                    } else if fatal {
+                        warn!(error = %reason, "transactional producer failed for good; making it anew");
+                        match self.producers[which].renew() {
+                            Ok(()) => fatal = false,
+                            Err(again) => broken = Some(format!("{reason}; making it anew: {again}")),
+                        }
                     }
                     answer(subs, &NotCommitted { fatal, reason });
                 }
@@ -392,7 +402,7 @@ fn round(
             );
             Ok(acks)
         }
-        Err(TxnError::Fatal(e)) => Err(TxnError::Fatal(e)),
+        Err(e @ (TxnError::Fatal(_) | TxnError::InDoubt(_))) => Err(e),
         Err(e) => {
             warn!(error = %e, "transaction aborted; its writers do their work again");
             producer.abort()?;

@@ -12,10 +12,11 @@ use tracing::{warn, Instrument};
 use super::held;
 use super::pace;
 use super::ready::{start_ready, Start};
+use super::transactions::StageIn;
 use super::{Entry, Shared, Tp};
 
 use crate::worker::handler::{run_caught, JobContext};
-use crate::worker::settle::{Origin, Settled};
+use crate::worker::settle::{Origin, Settled, Stage};
 
 /// A job whose handler run is over.
 pub(super) struct Finished {
@@ -188,10 +189,13 @@ async fn run(shared: Arc<Shared>, start: Start) -> Finished {
         topic: &shared.topics.names[tp.0],
         partition: tp.1,
         offset,
+        generation,
     };
+    let stage = StageIn(&shared);
+    let stage = shared.cfg.worker.exactly_once.then_some(&stage as &dyn Stage);
     // Boxed: the settling future is large and rarely more than one
     // write; inline, it would make every job's future kilobytes big.
-    let settled = Box::pin(shared.out.settler.settle(&job, origin, outcome, &cancel))
+    let settled = Box::pin(shared.out.settler.settle(&job, origin, outcome, &cancel, stage))
         .instrument(span.clone())
         .await;
     let settled = match settled {

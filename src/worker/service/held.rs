@@ -450,6 +450,7 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
                     .producer
                     .reschedule(id, now)
                     .await
+                    .map(|()| Vec::new())
                     .map_err(|e| e.to_string())
             }
         },

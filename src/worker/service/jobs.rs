@@ -24,6 +24,7 @@ use super::{Owned, Tp, WorkerState};
 
 use crate::hash::HashMap;
 use crate::sync::{Lock, Wait};
+use crate::wire::OwnedRecord;
 use crate::worker::hold::Holds;
 
 /// The worker's jobs in memory (see the module doc).
@@ -46,6 +47,22 @@ pub(super) struct WorkerJobs {
 /// commit carries (holdable partitions only).
 pub(super) type CommitPoint = (Tp, i64, Option<u64>);
 
+/// What one commit writes: the commit points that moved and, in
+/// exactly-once mode, the staged writes of the records below them, in
+/// partition and offset order.
+#[derive(Default)]
+pub(super) struct Round {
+    pub(super) points: Vec<CommitPoint>,
+    pub(super) records: Vec<(Tp, i64, Vec<OwnedRecord>)>,
+}
+
+impl Round {
+    /// Records to write.
+    pub(super) fn record_count(&self) -> usize {
+        self.records.iter().map(|(.., r)| r.len()).sum()
+    }
+}
+
 impl WorkerState {
     /// Mark the record at `offset` of `tp` finished; if it belongs to the
     /// current ownership of its partition (`generation`; `None`: any), its
@@ -63,6 +80,38 @@ impl WorkerState {
     /// `tp`'s commit point `offset`, with the claim its commits carry.
     pub(super) fn commit_point(&self, tp: Tp, offset: i64) -> CommitPoint {
         (tp, offset, self.owned.get(&tp).and_then(|o| o.claim))
+    }
+
+    /// Keep `records`, the writes of the record of `tp` at `offset`, for
+    /// the transaction past it; false when `tp` is not owned in
+    /// `generation` any more.
+    fn stage(&mut self, tp: Tp, generation: u64, offset: i64, records: Vec<OwnedRecord>) -> bool {
+        if self.owned.get(&tp).map(|o| o.generation) != Some(generation) {
+            return false;
+        }
+        if !records.is_empty() {
+            let at = self.staged.entry(tp).or_default().entry(offset).or_default();
+            at.extend(records);
+        }
+        true
+    }
+
+    /// The staged writes of `points`' partitions below their points, taken
+    /// out, in order.
+    fn staged_below(&mut self, points: &[CommitPoint]) -> Vec<(Tp, i64, Vec<OwnedRecord>)> {
+        let mut out = Vec::new();
+        for (tp, point, _) in points {
+            let Some(by_offset) = self.staged.get_mut(tp) else {
+                continue;
+            };
+            let above = by_offset.split_off(point);
+            let below = std::mem::replace(by_offset, above);
+            if by_offset.is_empty() {
+                self.staged.remove(tp);
+            }
+            out.extend(below.into_iter().map(|(o, r)| (*tp, o, r)));
+        }
+        out
     }
 }
 
@@ -176,21 +225,26 @@ impl WorkerJobs {
     }
 
     /// Last step of a release (under [`WorkerJobs::committing`]): forget
-    /// `tps`; returns the commit points to commit for them.
-    pub(super) fn let_go(&self, tps: &[Tp]) -> Vec<CommitPoint> {
+    /// `tps`; returns what to commit for them (their staged writes above
+    /// their commit points are dropped: those jobs run again elsewhere).
+    pub(super) fn let_go(&self, tps: &[Tp]) -> Round {
         let mut st = self.lock();
         let mut points = Vec::new();
         for tp in tps {
             if let Some(c) = st.tracker.commit_point(*tp) {
                 points.push(st.commit_point(*tp, c));
             }
+        }
+        let records = st.staged_below(&points);
+        for tp in tps {
+            st.staged.remove(tp);
             st.tracker.remove(*tp);
             st.owned.remove(tp);
             st.to_store.remove(tp);
             st.holds.drop_partition(*tp);
             st.waiting.retain(|(p, _), _| p != tp);
         }
-        points
+        Round { points, records }
     }
 
     // --- records and offsets ---
@@ -220,18 +274,27 @@ impl WorkerJobs {
     }
 
     /// The write begun by [`WorkerJobs::begin_write`] is over; `written`:
-    /// acknowledged (the record is finished), else given up.
-    pub(super) fn write_done(&self, tp: Tp, offset: i64, generation: u64, written: bool) {
+    /// acknowledged, or made into `staged` records to stage (the record is
+    /// finished), else given up.
+    pub(super) fn write_done(&self, tp: Tp, offset: i64, generation: u64, written: Option<Vec<OwnedRecord>>) {
         {
             let mut st = self.lock();
             if let Some(n) = st.in_flight.get_mut(&tp) {
                 *n = n.saturating_sub(1);
             }
-            if written {
-                st.finish(tp, offset, Some(generation));
+            if let Some(records) = written {
+                if st.stage(tp, generation, offset, records) {
+                    st.finish(tp, offset, Some(generation));
+                }
             }
         }
         self.notify_finished();
+    }
+
+    /// Stage the writes of the record of `tp` at `offset` (see
+    /// [`crate::worker::settle::Stage`]).
+    pub(super) fn stage(&self, tp: Tp, generation: u64, offset: i64, records: Vec<OwnedRecord>) -> bool {
+        self.lock().stage(tp, generation, offset, records)
     }
 
     /// A record of `tp` at `offset` needs nothing done: it is finished at
@@ -246,26 +309,52 @@ impl WorkerJobs {
 
     /// The commit points that moved since the last call.
     pub(super) fn take_commit_points(&self) -> Vec<CommitPoint> {
+        self.take_round(None).points
+    }
+
+    /// The commit points that moved since the last call, with the staged
+    /// writes below them; when none moved and `keep_alive` is given, where
+    /// every owned partition stands if [`WorkerJobs::keep_alive_points`]
+    /// asks for a commit (with whatever was staged below meanwhile).
+    pub(super) fn take_round(&self, keep_alive: Option<Duration>) -> Round {
         let mut st = self.lock();
         let moved: Vec<(Tp, i64)> = st.to_store.drain().collect();
-        moved.into_iter().map(|(tp, c)| st.commit_point(tp, c)).collect()
+        let mut points: Vec<CommitPoint> = moved.into_iter().map(|(tp, c)| st.commit_point(tp, c)).collect();
+        if let (true, Some(stale_after)) = (points.is_empty(), keep_alive) {
+            points = keep_alive_points(&st, stale_after).unwrap_or_default();
+        }
+        let records = st.staged_below(&points);
+        Round { points, records }
+    }
+
+    /// A round that did not commit (its transaction aborted): its points
+    /// and writes are taken again by the next one, for the partitions still
+    /// owned (a point that moved on since stays where it is).
+    pub(super) fn put_back(&self, round: Round) {
+        let mut st = self.lock();
+        for (tp, point, _) in round.points {
+            if st.owned.contains_key(&tp) {
+                let at = st.to_store.entry(tp).or_insert(point);
+                *at = (*at).max(point);
+            }
+        }
+        for (tp, offset, records) in round.records {
+            if st.owned.contains_key(&tp) {
+                st.staged
+                    .entry(tp)
+                    .or_default()
+                    .entry(offset)
+                    .or_default()
+                    .extend(records);
+            }
+        }
     }
 
     /// Where every owned partition stands, to commit when the coordinator
     /// last answered `stale_after` ago or longer, or jobs wait for an
     /// answer (`None`: no commit is needed).
     pub(super) fn keep_alive_points(&self, stale_after: Duration) -> Option<Vec<CommitPoint>> {
-        let st = self.lock();
-        let stale = st.heard.is_none_or(|t| t.elapsed() >= stale_after);
-        if !(stale || st.out_of_touch && st.buffered() > 0) {
-            return None;
-        }
-        let points = st
-            .owned
-            .keys()
-            .filter_map(|tp| st.tracker.commit_point(*tp).map(|c| st.commit_point(*tp, c)))
-            .collect();
-        Some(points)
+        keep_alive_points(&self.lock(), stale_after)
     }
 
     // --- reports ---
@@ -304,6 +393,20 @@ impl WorkerJobs {
     pub(super) fn next_turn(&self) -> Option<i64> {
         self.lock().paced.next_turn()
     }
+}
+
+/// See [`WorkerJobs::keep_alive_points`].
+fn keep_alive_points(st: &WorkerState, stale_after: Duration) -> Option<Vec<CommitPoint>> {
+    let stale = st.heard.is_none_or(|t| t.elapsed() >= stale_after);
+    if !(stale || st.out_of_touch && st.buffered() > 0) {
+        return None;
+    }
+    let points = st
+        .owned
+        .keys()
+        .filter_map(|tp| st.tracker.commit_point(*tp).map(|c| st.commit_point(*tp, c)))
+        .collect();
+    Some(points)
 }
 
 #[cfg(test)]

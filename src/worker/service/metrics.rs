@@ -118,6 +118,16 @@ impl Source for WorkerHandle {
             "Jobs read before their run-at and handed to the scheduler.",
             s.handed_to_scheduler,
         )
+        .counter(
+            "kairos_worker_transactions",
+            "Exactly-once mode: transactions committed (a commit round's writes and offsets).",
+            s.transactions,
+        )
+        .counter(
+            "kairos_worker_transactions_aborted",
+            "Exactly-once mode: transactions aborted (their writes go into the next one).",
+            s.transactions_aborted,
+        )
         .counter_by(
             "kairos_worker_topic_jobs",
             "Handler runs started, and jobs settled by outcome, per work topic.",

@@ -16,15 +16,17 @@ use super::{Shared, Tp, WorkerCounters};
 use crate::worker::hold::claim;
 
 use crate::kafka;
+use crate::wire::OwnedRecord;
 
-/// Write what a record asks for (a dead letter, a hand-over to the
-/// scheduler) off the poll thread. The record counts as unfinished until
-/// the write is acknowledged, and its partition's release waits for the
-/// write as for a running handler; a write that keeps failing is retried
-/// until then, or given up when the partition goes (the record is then
-/// re-delivered to the next owner). Does nothing if the partition is not
-/// owned.
-pub(super) fn write_in_background<F, Fut, T, E>(
+/// Write what a record of `tp` at `offset` asks (a dead letter, a
+/// hand-over to the scheduler) off the poll thread: `write` writes it, or
+/// returns the records to stage in its place ([`send_or_stage`]). The
+/// record counts as unfinished until the write is acknowledged (or
+/// staged), and its partition's release waits for the write as for a
+/// running handler; a write that keeps failing is retried until then, or
+/// given up when the partition goes (the record is then re-delivered to
+/// the next owner). Does nothing if the partition is not owned.
+pub(super) fn write_in_background<F, Fut>(
     shared: &Arc<Shared>,
     tp: Tp,
     offset: i64,
@@ -32,8 +34,7 @@ pub(super) fn write_in_background<F, Fut, T, E>(
     mut write: F,
 ) where
     F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, E>> + Send,
-    E: std::fmt::Display,
+    Fut: Future<Output = Result<Vec<OwnedRecord>, String>> + Send,
 {
     let Some((cancel, generation)) = shared.jobs.begin_write(tp, offset) else {
         return;
@@ -43,19 +44,31 @@ pub(super) fn write_in_background<F, Fut, T, E>(
         let mut delay = kafka::RetryDelay::new();
         let written = loop {
             match write().await {
-                Ok(_) => break true,
+                Ok(records) => break Some(records),
                 Err(e) => warn!(partition = tp.1, offset, error = %e, "write failed; retrying"),
             }
             tokio::select! {
                 _ = tokio::time::sleep(delay.next_delay()) => {}
-                _ = cancel.cancelled() => break false,
+                _ = cancel.cancelled() => break None,
             }
         };
-        if written {
+        if written.is_some() {
             counter(&shared.stats).fetch_add(1, Ordering::Relaxed);
         }
         shared.jobs.write_done(tp, offset, generation, written);
     });
+}
+
+/// Write `rec` and wait for its acknowledgement; in exactly-once mode,
+/// return it to be staged instead.
+pub(super) async fn send_or_stage(shared: &Shared, rec: OwnedRecord) -> Result<Vec<OwnedRecord>, String> {
+    if shared.cfg.worker.exactly_once {
+        return Ok(vec![rec]);
+    }
+    kafka::send(&shared.out.raw, &rec, None)
+        .await
+        .map(|_| Vec::new())
+        .map_err(|e| e.to_string())
 }
 
 /// Add a commit point to `tpl`, with its claim when it has one: every

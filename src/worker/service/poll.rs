@@ -12,17 +12,21 @@ use rdkafka::{ClientContext, Message, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::held;
-use super::offsets::{offset_to_commit, write_in_background};
+use super::offsets::{offset_to_commit, send_or_stage, write_in_background};
 use super::ready::start_ready;
 use super::touch::keep_alive;
+use super::transactions::{self, WorkerTxn};
 use super::{Entry, Shared, Tp, WorkerError};
 
 use crate::job::Job;
-use crate::wire::{Command, Context, DeadLetter, RecordView};
+use crate::kafka::TxnError;
+use crate::wire::{Command, Context, DeadLetter, OwnedRecord, RecordView};
 use crate::{kafka, wire};
 
 pub(super) struct WorkerContext {
     pub(super) shared: Arc<Shared>,
+    /// Exactly-once mode: the producer whose transactions commit offsets.
+    pub(super) txn: Option<Arc<WorkerTxn>>,
 }
 
 impl ClientContext for WorkerContext {}
@@ -46,7 +50,7 @@ impl ConsumerContext for WorkerContext {
                 .iter()
                 .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
                 .collect();
-            release(&self.shared, consumer, &tps);
+            release(&self.shared, consumer, self.txn.as_deref(), &tps);
         }
     }
 
@@ -83,8 +87,14 @@ impl ConsumerContext for WorkerContext {
 
 /// Let go of partitions: drop their buffered jobs, cancel their running
 /// handlers, wait for them up to the revocation deadline, commit what is
-/// finished, forget them.
-pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tps: &[Tp]) {
+/// finished (in exactly-once mode, in a transaction with its writes),
+/// forget them.
+pub(super) fn release(
+    shared: &Shared,
+    consumer: &BaseConsumer<WorkerContext>,
+    txn: Option<&WorkerTxn>,
+    tps: &[Tp],
+) {
     let deadline = Instant::now() + shared.cfg.worker.revocation_deadline;
     let dropped = shared.jobs.drop_partitions(tps);
     let stuck = shared.jobs.wait_idle(tps, deadline);
@@ -95,8 +105,21 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, t
     // The commit lock before the state lock, as the keep-alive thread takes
     // them: no keep-alive commit read before this one lands after it.
     let _committing = shared.jobs.committing();
+    let round = shared.jobs.let_go(tps);
+    if let Some(txn) = txn {
+        if !round.points.is_empty() {
+            match txn.commit(shared, consumer, &round) {
+                Ok(()) => {}
+                Err(TxnError::Abortable(e)) => warn!(error = %e,
+                    "transaction on release aborted; the jobs finished since the last commit run again elsewhere"),
+                Err(e) => shared.fail(format!("worker transactions: {e}")),
+            }
+        }
+        info!(partitions = ?tps, dropped_buffered = dropped, "work partitions released");
+        return;
+    }
     let mut tpl = TopicPartitionList::new();
-    for point in shared.jobs.let_go(tps) {
+    for point in round.points {
         offset_to_commit(shared, &mut tpl, point);
     }
     if tpl.count() > 0 {
@@ -112,6 +135,10 @@ pub(super) fn release(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, t
 }
 
 pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
+    let txn = match shared.cfg.worker.exactly_once {
+        true => Some(Arc::new(WorkerTxn::open(shared)?)),
+        false => None,
+    };
     let member = kafka::Membership {
         group: &shared.cfg.worker.group_id,
         session_timeout: shared.cfg.worker.session_timeout,
@@ -126,16 +153,25 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         "kairos-worker",
         WorkerContext {
             shared: shared.clone(),
+            txn: txn.clone(),
         },
     )?);
     let topics: Vec<&str> = shared.topics.names.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
+    // The keep-alive commits, or in exactly-once mode the transactions.
     let keep_alive = {
-        let (shared, consumer) = (shared.clone(), consumer.clone());
+        let (shared, consumer, txn) = (shared.clone(), consumer.clone(), txn.clone());
+        let (name, what) = match txn {
+            Some(_) => ("kairos-worker-txn", "transaction"),
+            None => ("kairos-keep-alive", "keep-alive"),
+        };
         std::thread::Builder::new()
-            .name("kairos-keep-alive".into())
-            .spawn(move || keep_alive(&shared, &consumer, COMMIT_EVERY))
-            .map_err(|e| WorkerError::Fatal(format!("starting the keep-alive thread: {e}")))?
+            .name(name.into())
+            .spawn(move || match txn {
+                Some(txn) => transactions::run(&shared, &consumer, &txn, COMMIT_EVERY),
+                None => keep_alive(&shared, &consumer, COMMIT_EVERY),
+            })
+            .map_err(|e| WorkerError::Fatal(format!("starting the {what} thread: {e}")))?
     };
     let max_buffered = shared.cfg.worker.max_buffered.max(1);
     let mut commits = Commits::default();
@@ -207,7 +243,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         warn!("the keep-alive thread panicked");
     }
     let owned = shared.jobs.owned();
-    release(shared, &consumer, &owned);
+    release(shared, &consumer, txn.as_deref(), &owned);
     consumer.unsubscribe();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
@@ -228,7 +264,12 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 /// second, only retries what a failed commit left (with both at 100 ms a
 /// busy worker sent up to twenty commits a second, each a write of the
 /// group on the coordinator).
+///
+/// In exactly-once mode offsets are never stored: transactions commit them.
 pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, commits: &mut Commits) {
+    if shared.cfg.worker.exactly_once {
+        return;
+    }
     let mut tpl = TopicPartitionList::new();
     for point in shared.jobs.take_commit_points() {
         offset_to_commit(shared, &mut tpl, point);
@@ -362,15 +403,15 @@ pub(super) fn dead_letter_record(
         &shared.cfg.topics.dead_letter,
         &shared.cfg.limits,
     ));
-    let raw = shared.out.raw.clone();
+    let s = shared.clone();
     write_in_background(
         shared,
         tp,
         offset,
         |s| &s.dead_lettered,
         move || {
-            let (raw, rec) = (raw.clone(), rec.clone());
-            async move { kafka::send(&raw, &rec, None).await }
+            let (s, rec) = (s.clone(), OwnedRecord::clone(&rec));
+            async move { send_or_stage(&s, rec).await }
         },
     );
 }
@@ -378,15 +419,18 @@ pub(super) fn dead_letter_record(
 /// A job read before its run-at goes back to the scheduler.
 pub(super) fn hand_to_scheduler(shared: &Arc<Shared>, job: Job, tp: Tp, offset: i64) {
     debug!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, offset, "read before its run-at; handed to the scheduler");
-    let producer = shared.out.producer.clone();
+    let s = shared.clone();
     write_in_background(
         shared,
         tp,
         offset,
         |s| &s.handed_to_scheduler,
         move || {
-            let (producer, job) = (producer.clone(), job.clone());
-            async move { producer.enqueue(job).await }
+            let (s, job) = (s.clone(), job.clone());
+            async move {
+                let (rec, _) = s.out.producer.route(job).await.map_err(|e| e.to_string())?;
+                send_or_stage(&s, rec).await
+            }
         },
     );
 }

@@ -33,6 +33,9 @@ pub(super) struct WorkerCounters {
     /// Partition assignments and revocations served.
     pub(super) assigned: AtomicU64,
     pub(super) revoked: AtomicU64,
+    /// Exactly-once mode: transactions committed and aborted.
+    pub(super) transactions: AtomicU64,
+    pub(super) transactions_aborted: AtomicU64,
 }
 
 /// One work topic's counters.
@@ -80,6 +83,12 @@ pub struct WorkerStats {
     /// has not taken a commit of this worker for half its session timeout
     /// (the partitions may have moved without it knowing).
     pub out_of_touch: bool,
+    /// Exactly-once mode: transactions committed (each a commit round:
+    /// the writes of the jobs it finished and the offsets past them).
+    pub transactions: u64,
+    /// Exactly-once mode: transactions aborted (their jobs' writes go into
+    /// the next one).
+    pub transactions_aborted: u64,
 }
 
 /// Reads a running worker's counters.
@@ -112,5 +121,7 @@ pub(super) fn stats(shared: &Shared) -> WorkerStats {
         owned: st.owned.len(),
         open: st.tracker.open(),
         out_of_touch: !st.owned.is_empty() && shared.out_of_touch(&st),
+        transactions: s.transactions.load(Ordering::Relaxed),
+        transactions_aborted: s.transactions_aborted.load(Ordering::Relaxed),
     }
 }

@@ -24,7 +24,7 @@ fn a_write_off_the_poll_thread_holds_the_commit_point_until_it_is_written() {
     let (_, generation) = jobs.begin_write(TP, 5).expect("owned");
     assert!(jobs.take_commit_points().is_empty(), "record 5 unfinished");
     assert_eq!(jobs.uncommitted(), 1);
-    jobs.write_done(TP, 5, generation, true);
+    jobs.write_done(TP, 5, generation, Some(Vec::new()));
     assert_eq!(jobs.take_commit_points(), vec![(TP, 6, None)]);
     assert!(jobs.take_commit_points().is_empty(), "taken once");
 }
@@ -34,7 +34,7 @@ fn a_write_given_up_leaves_its_record_to_be_read_again() {
     let jobs = jobs();
     assign(&jobs, None);
     let (_, generation) = jobs.begin_write(TP, 5).expect("owned");
-    jobs.write_done(TP, 5, generation, false);
+    jobs.write_done(TP, 5, generation, None);
     assert!(jobs.take_commit_points().is_empty());
     assert!(
         jobs.wait_idle(&[TP], Instant::now()).is_empty(),
@@ -70,7 +70,7 @@ fn a_write_of_an_earlier_ownership_moves_no_commit_point_of_the_next() {
     jobs.let_go(&[TP]);
     assign(&jobs, None);
     jobs.track_read([(TP, 5)]);
-    jobs.write_done(TP, 5, old, true);
+    jobs.write_done(TP, 5, old, Some(Vec::new()));
     assert!(
         jobs.take_commit_points().is_empty(),
         "5 is unfinished for the new owner"
@@ -84,13 +84,13 @@ fn a_release_waits_for_the_writes_of_its_partitions_and_returns_their_claimed_co
     jobs.finish_now(TP, 2);
     let (_, generation) = jobs.begin_write(TP, 3).expect("owned");
     std::thread::scope(|s| {
-        s.spawn(|| jobs.write_done(TP, 3, generation, true));
+        s.spawn(|| jobs.write_done(TP, 3, generation, Some(Vec::new())));
         assert!(jobs
             .wait_idle(&[TP], Instant::now() + Duration::from_secs(10))
             .is_empty());
     });
     assert_eq!(
-        jobs.let_go(&[TP]),
+        jobs.let_go(&[TP]).points,
         vec![(TP, 4, Some(42))],
         "every commit names the claim"
     );
@@ -112,4 +112,100 @@ fn the_keep_alive_commits_only_when_the_coordinator_has_not_answered_lately() {
         "just assigned: answered now"
     );
     assert_eq!(jobs.keep_alive_points(Duration::ZERO), Some(vec![(TP, 8, None)]));
+}
+
+/// A record to stage, told apart by its topic.
+fn rec(name: &str) -> OwnedRecord {
+    OwnedRecord {
+        topic: name.into(),
+        key: Vec::new(),
+        value: None,
+        headers: Default::default(),
+    }
+}
+
+fn topics(round: &Round) -> Vec<(i64, String)> {
+    let recs = round.records.iter();
+    recs.flat_map(|(_, o, rs)| rs.iter().map(move |r| (*o, r.topic.clone())))
+        .collect()
+}
+
+#[test]
+fn staged_writes_go_with_the_commit_point_past_them_and_not_before() {
+    let jobs = jobs();
+    assign(&jobs, None);
+    let (_, generation) = jobs.begin_write(TP, 3).expect("owned");
+    jobs.track_read([(TP, 4), (TP, 5)]);
+    // 5 finishes first: its writes wait for 4.
+    assert!(jobs.stage(TP, generation, 5, vec![rec("five-a"), rec("five-b")]));
+    jobs.lock().finish(TP, 5, Some(generation));
+    jobs.write_done(TP, 3, generation, Some(vec![rec("three")]));
+    let round = jobs.take_round(None);
+    assert_eq!(round.points, vec![(TP, 4, None)]);
+    assert_eq!(
+        topics(&round),
+        vec![(3, "three".to_string())],
+        "not 5's: 4 is unfinished"
+    );
+    assert!(jobs.stage(TP, generation, 4, Vec::new()));
+    jobs.lock().finish(TP, 4, Some(generation));
+    let round = jobs.take_round(None);
+    assert_eq!(round.points, vec![(TP, 6, None)]);
+    assert_eq!(round.record_count(), 2);
+    assert_eq!(
+        topics(&round),
+        vec![(5, "five-a".to_string()), (5, "five-b".to_string())],
+        "in the order staged"
+    );
+    assert_eq!(jobs.take_round(None).record_count(), 0, "taken once");
+}
+
+#[test]
+fn an_aborted_round_is_taken_again_by_the_next() {
+    let jobs = jobs();
+    assign(&jobs, None);
+    let (_, generation) = jobs.begin_write(TP, 0).expect("owned");
+    jobs.write_done(TP, 0, generation, Some(vec![rec("zero")]));
+    let round = jobs.take_round(None);
+    jobs.put_back(round);
+    let (_, generation) = jobs.begin_write(TP, 1).expect("owned");
+    jobs.write_done(TP, 1, generation, Some(vec![rec("one")]));
+    let again = jobs.take_round(None);
+    assert_eq!(again.points, vec![(TP, 2, None)], "the point moved on since");
+    assert_eq!(
+        topics(&again),
+        vec![(0, "zero".to_string()), (1, "one".to_string())]
+    );
+}
+
+#[test]
+fn a_release_commits_the_writes_below_its_point_and_drops_the_rest() {
+    let jobs = jobs();
+    assign(&jobs, None);
+    let (_, generation) = jobs.begin_write(TP, 0).expect("owned");
+    jobs.track_read([(TP, 1), (TP, 2)]);
+    jobs.write_done(TP, 0, generation, Some(vec![rec("zero")]));
+    assert!(jobs.stage(TP, generation, 2, vec![rec("two")]));
+    jobs.lock().finish(TP, 2, Some(generation));
+    let round = jobs.let_go(&[TP]);
+    assert_eq!(round.points, vec![(TP, 1, None)]);
+    assert_eq!(
+        topics(&round),
+        vec![(0, "zero".to_string())],
+        "2 runs again elsewhere"
+    );
+    assert!(
+        !jobs.stage(TP, generation, 3, vec![rec("late")]),
+        "a partition let go takes nothing more"
+    );
+    assign(&jobs, None);
+    assert!(
+        !jobs.stage(TP, generation, 3, vec![rec("late")]),
+        "nor does its next ownership from the earlier one"
+    );
+    assert_eq!(
+        jobs.take_round(None).record_count(),
+        0,
+        "nothing of the first ownership is left"
+    );
 }

@@ -1,0 +1,240 @@
+//! The worker's exactly-once mode (`worker.exactly_once`) against Kafka:
+//! each job's writes (follow-ups, retries, dead letters) appear once to a
+//! read_committed reader, also when a worker process is killed with
+//! SIGKILL while settling, and at each step of a transaction; a
+//! read_uncommitted reader in the same run sees the copies of aborted
+//! transactions, so a duplicate would show there if one were committed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kairos::worker::Outcome;
+use kairos::{Config, Job, JobId};
+use rdkafka::Message as _;
+
+use crate::common::system::{enqueue_all, run};
+use crate::common::{committed, read_all, record_count, unique, wait_for, ChildGuard};
+use crate::scheduler::{set_up, SetUp};
+
+/// How long a test waits for what it expects.
+const T: Duration = Duration::from_secs(90);
+
+/// A set-up whose worker settles in transactions, consumes the first work
+/// topic and writes follow-ups to the second (`follow`).
+async fn eos() -> (SetUp, String) {
+    let follow = unique("follow-ups");
+    let s = set_up(|cfg| {
+        cfg.worker.exactly_once = true;
+        cfg.worker.transaction_timeout = Duration::from_secs(10);
+        cfg.worker.transactional_id = unique("worker-txn");
+        cfg.topics.work.push(follow.clone());
+        cfg.worker.topics = vec![cfg.topics.work[0].clone()];
+    })
+    .await;
+    (s, follow)
+}
+
+/// Per job id named in a follow-up's payload (`follow-up of ID`), how many
+/// follow-ups of it `topic` holds for a reader at `isolation`.
+fn follow_ups(cfg: &Config, topic: &str, isolation: &str) -> HashMap<String, usize> {
+    let mut n = HashMap::new();
+    for m in read_all(&cfg.kafka.brokers, topic, isolation, T) {
+        let text = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+        let of = text.strip_prefix("follow-up of ").unwrap_or(&text).to_string();
+        *n.entry(of).or_default() += 1;
+    }
+    n
+}
+
+/// Wait until every job of `ids` has its follow-up as read_committed
+/// readers see it; then check each has exactly one. Returns the follow-ups
+/// a read_uncommitted reader sees beyond those (copies in transactions
+/// that aborted).
+fn check_follow_ups_once(cfg: &Config, topic: &str, ids: &[JobId]) -> usize {
+    let seen = wait_for("every follow-up", T, || {
+        let n = follow_ups(cfg, topic, "read_committed");
+        ids.iter().all(|id| n.contains_key(&id.to_string())).then_some(n)
+    });
+    let twice: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} jobs wrote their follow-up more than once, among them {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(seen.len(), ids.len(), "only the jobs written wrote follow-ups");
+    let all: usize = follow_ups(cfg, topic, "read_uncommitted").values().sum();
+    all - ids.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_exactly_once_worker_writes_each_outcome_once() {
+    let (s, follow) = eos().await;
+    let cfg = &s.cfg;
+    let work = s.work.clone();
+    let (to, missing) = (follow.clone(), unique("no-such-topic"));
+    let system = run(cfg, false, move |job: Job, _ctx| {
+        let (to, missing) = (to.clone(), missing.clone());
+        async move {
+            match job.payload.as_slice() {
+                b"follow" => Outcome::done_with(vec![Job::new(
+                    to,
+                    job.key.clone(),
+                    format!("follow-up of {}", job.id),
+                )]),
+                b"retry" => Outcome::retry_after(Duration::from_secs(3600), "later"),
+                b"dead" => Outcome::dead("asked to"),
+                // A follow-up to a topic that does not exist: the job is
+                // dead-lettered instead, and nothing else of it is written.
+                _ => Outcome::done_with(vec![Job::new(missing, job.key.clone(), "lost")]),
+            }
+        }
+    });
+    let kinds: [&[u8]; 4] = [b"follow", b"retry", b"dead", b"unwritable"];
+    let jobs: Vec<Job> = (0..400)
+        .map(|i| Job::new(work.as_str(), format!("key-{}", i % 23), kinds[i % 4].to_vec()))
+        .collect();
+    let followed: Vec<JobId> = jobs
+        .iter()
+        .filter(|j| j.payload == b"follow")
+        .map(|j| j.id)
+        .collect();
+    enqueue_all(&s.producer, jobs).await;
+    let extra = check_follow_ups_once(cfg, &follow, &followed);
+    assert_eq!(extra, 0, "no transaction aborted here");
+    // The retries went to the schedule topic, once each.
+    let retries = wait_for("the retries", T, || {
+        let recs = read_all(&cfg.kafka.brokers, &cfg.topics.schedule, "read_committed", T);
+        (recs.len() >= 100).then_some(recs)
+    });
+    assert_eq!(retries.len(), 100, "each retry once");
+    // Dead letters: the dead jobs and the unwritable ones, once each.
+    let dead = wait_for("the dead letters", T, || {
+        let recs = read_all(&cfg.kafka.brokers, &cfg.topics.dead_letter, "read_committed", T);
+        (recs.len() >= 200).then_some(recs)
+    });
+    assert_eq!(dead.len(), 200, "each dead letter once");
+    // Everything read is committed, by transactions only.
+    wait_for("the offsets committed", T, || {
+        (committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work) == 400).then_some(())
+    });
+    let stats = system.worker.stats();
+    assert!(stats.transactions > 0, "{stats:?}");
+    assert_eq!(stats.transactions_aborted, 0, "{stats:?}");
+    system.stop().await;
+}
+
+/// A `kairos worker` process on `cfg`, optionally told to hang at a step
+/// of its first transaction with records; its stderr goes to `log`.
+fn spawn_worker(cfg: &Config, dir: &Path, hang_at: Option<&str>) -> (ChildGuard, PathBuf) {
+    let path = dir.join(format!("{}.toml", unique("worker")));
+    std::fs::write(&path, toml::to_string(cfg).unwrap()).unwrap();
+    let log = path.with_extension("log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kairos"));
+    cmd.args(["--config", path.to_str().unwrap(), "worker"])
+        .env("KAIROS_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if let Some(step) = hang_at {
+        cmd.env("KAIROS_WORKER_HANG_AT", step);
+    }
+    (ChildGuard(cmd.spawn().expect("spawn kairos worker")), log)
+}
+
+/// `n` example jobs on 17 keys that each write a follow-up to `follow`.
+fn with_follow_ups(work: &str, follow: &str, n: usize, work_ms: u64) -> Vec<Job> {
+    (0..n)
+        .map(|i| {
+            let payload = format!("job {i} work={work_ms} then={follow}");
+            Job::new(work, format!("key-{}", i % 17), payload)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exactly_once_worker_killed_with_sigkill_writes_each_follow_up_once() {
+    let (s, follow) = eos().await;
+    let mut cfg = s.cfg.clone();
+    cfg.worker.concurrency = 16;
+    let jobs = with_follow_ups(&s.work, &follow, 3_000, 20);
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    enqueue_all(&s.producer, jobs).await;
+    // Two kills, at a quarter and at half of the follow-ups written; a
+    // restart with the same transactional id aborts what the killed one
+    // left open.
+    for share in [4, 2] {
+        let (mut worker, _) = spawn_worker(&cfg, s.dir.path(), None);
+        let at = ids.len() / share;
+        wait_for("follow-ups written", T, || {
+            (record_count(&cfg.kafka.brokers, &follow) as usize >= at).then_some(())
+        });
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+    }
+    let (mut worker, _) = spawn_worker(&cfg, s.dir.path(), None);
+    wait_for("every offset committed", T, || {
+        (committed(&cfg.kafka.brokers, &cfg.worker.group_id, &s.work) == ids.len() as i64).then_some(())
+    });
+    let extra = check_follow_ups_once(&cfg, &follow, &ids);
+    println!("follow-ups of aborted transactions (read_uncommitted only): {extra}");
+    worker.kill().unwrap();
+}
+
+/// Kill a worker with SIGKILL at `step` of its first transaction with
+/// records, start another with the same transactional id, and check each
+/// job wrote its follow-up once; returns the aborted copies seen.
+async fn killed_at(step: &str) -> usize {
+    let (s, follow) = eos().await;
+    let jobs = with_follow_ups(&s.work, &follow, 40, 0);
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    enqueue_all(&s.producer, jobs).await;
+    let (mut first, log) = spawn_worker(&s.cfg, s.dir.path(), Some(step));
+    let marker = format!("kairos: hanging at {step}");
+    wait_for("the worker to reach the step", T, || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains(&marker)
+            .then_some(())
+    });
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (mut second, _) = spawn_worker(&s.cfg, s.dir.path(), None);
+    // Once every offset is committed, nothing of these jobs is written any
+    // more: a copy committed late would show in the count.
+    wait_for("every offset committed", T, || {
+        (committed(&s.cfg.kafka.brokers, &s.cfg.worker.group_id, &s.work) == 40).then_some(())
+    });
+    let extra = check_follow_ups_once(&s.cfg, &follow, &ids);
+    second.kill().unwrap();
+    extra
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_before_its_transaction_writes_each_follow_up_once() {
+    assert_eq!(
+        killed_at("before").await,
+        0,
+        "nothing was written before the kill"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_inside_its_transaction_writes_each_follow_up_once() {
+    let aborted = killed_at("inside").await;
+    assert!(
+        aborted > 0,
+        "the killed transaction's follow-ups were written (and aborted)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_after_its_transaction_writes_each_follow_up_once() {
+    assert_eq!(
+        killed_at("after").await,
+        0,
+        "the committed jobs did not run again"
+    );
+}
