@@ -32,7 +32,7 @@
 //!   window (first handler start to the J-th end: no group join) is shown.
 //!
 //! - **C, exactly-once settlement.** `$KAIROS_BENCH_C_JOBS` jobs (default
-//!   20,000; 6 partitions, 10,000 keys) whose handler writes one follow-up
+//!   100,000; 6 partitions, 10,000 keys) whose handler writes one follow-up
 //!   each to another topic; concurrency 256. The same worker in
 //!   at-least-once mode (the baseline) and with `[worker] exactly_once`
 //!   (each commit round one transaction), interleaved, three runs each, in
@@ -134,7 +134,7 @@ impl Args {
             n: size(0, "KAIROS_BENCH_N", 100_000),
             b_jobs,
             b_baseline: size(2, "KAIROS_BENCH_B_BASELINE", 1_000).min(b_jobs),
-            c_jobs: size(3, "KAIROS_BENCH_C_JOBS", 20_000),
+            c_jobs: size(3, "KAIROS_BENCH_C_JOBS", 100_000),
             run_a: only_a || all,
             run_b: only_b || all,
             run_c: only_c || all,
@@ -341,6 +341,21 @@ async fn kairos_run_a(
 
 /// Run `worker` from now until `n` jobs succeeded, then stop it (not timed).
 async fn run_worker_until(worker: Worker, n: u64) -> (Timing, kairos::worker::WorkerStats) {
+    run_worker_while(worker, n, STATS_POLL, |st| std::future::ready(st.succeeded >= n)).await
+}
+
+/// Run `worker` from now until `done` says its `n` jobs are done (asked
+/// every `every`), then stop it (not timed).
+async fn run_worker_while<F, Fut>(
+    worker: Worker,
+    n: u64,
+    every: Duration,
+    mut done: F,
+) -> (Timing, kairos::worker::WorkerStats)
+where
+    F: FnMut(&kairos::worker::WorkerStats) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let handle = worker.handle();
     let stop = CancellationToken::new();
     let s = stop.clone();
@@ -353,7 +368,7 @@ async fn run_worker_until(worker: Worker, n: u64) -> (Timing, kairos::worker::Wo
         if st.started > 0 {
             first.get_or_insert_with(|| started.elapsed());
         }
-        if st.succeeded >= n {
+        if done(&st).await {
             break;
         }
         assert!(
@@ -362,7 +377,7 @@ async fn run_worker_until(worker: Worker, n: u64) -> (Timing, kairos::worker::Wo
             st.succeeded,
             started.elapsed()
         );
-        tokio::time::sleep(STATS_POLL).await;
+        tokio::time::sleep(every).await;
     }
     let total = started.elapsed();
     let (cpu, waited) = sched_since(&sched);
@@ -789,45 +804,16 @@ async fn follow_up_run(cfg: &Config, topic: &str, follow: &str, n: u64, exactly_
             async move { Outcome::done_with(vec![follow_up]) }
         })
         .expect("worker");
-    let handle = worker.handle();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let sched = sched_snapshot();
-    let started = Instant::now();
-    let task = tokio::spawn(worker.run_until(async move { s.cancelled().await }));
-    let mut first = None;
-    loop {
-        if handle.stats().started > 0 {
-            first.get_or_insert_with(|| started.elapsed());
+    let (timing, st) = run_worker_while(worker, n, Duration::from_millis(20), |_| {
+        let (brokers, g, t) = (cfg.kafka.brokers.clone(), group.clone(), topic.to_string());
+        async move {
+            let committed = tokio::task::spawn_blocking(move || common::committed(&brokers, &g, &t));
+            committed.await.expect("committed offsets") as u64 >= n
         }
-        let brokers = cfg.kafka.brokers.clone();
-        let (g, t) = (group.clone(), topic.to_string());
-        let done = tokio::task::spawn_blocking(move || common::committed(&brokers, &g, &t))
-            .await
-            .expect("committed offsets");
-        if done as u64 >= n {
-            break;
-        }
-        assert!(
-            started.elapsed() < RUN_TIMEOUT && !task.is_finished(),
-            "follow-up run committed {done} of {n} in {:?}",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let total = started.elapsed();
-    let (cpu, waited) = sched_since(&sched);
-    stop.cancel();
-    task.await.expect("worker task").expect("worker");
-    let st = handle.stats();
+    })
+    .await;
     assert_eq!(st.succeeded, n, "every job once in an undisturbed run: {st:?}");
-    Timing {
-        jobs: n,
-        total,
-        first: first.unwrap_or(total),
-        cpu,
-        waited,
-    }
+    timing
 }
 
 fn median_rate(runs: &[Timing]) -> f64 {

@@ -21,11 +21,13 @@ use kairos::scheduler::Scheduler;
 use kairos::worker::{Outcome, Worker};
 use kairos::{Job, JobId, Producer};
 
+mod exactly_once;
 mod fair;
 mod held;
 mod operator;
 mod sample;
 
+pub use exactly_once::ExactlyOnceSeen;
 pub use fair::TenantWaits;
 
 /// Options of the demo.
@@ -80,6 +82,9 @@ pub struct DemoSummary {
     /// The held key's starts, by job number (1, 2, 2, 2, 3, 4, 5: job 2
     /// failing twice holds the key).
     pub held_key: Vec<u32>,
+    /// The exactly-once worker: jobs, follow-ups read back once and more
+    /// than once, transactions.
+    pub exactly_once: ExactlyOnceSeen,
     /// The demo's own topics (deleted at the end on a real cluster).
     pub topics: Vec<String>,
 }
@@ -118,11 +123,15 @@ pub async fn run(
 ) -> Result<DemoSummary, DemoError> {
     let prefix = format!("kairos-demo-{:08x}", rand::random::<u32>());
     own_names(&mut cfg, &prefix);
-    // A second work topic, dispatched fairly across tenants, and a third,
-    // whose failing jobs hold their keys.
+    // A second work topic, dispatched fairly across tenants, a third,
+    // whose failing jobs hold their keys, and one run by a worker in
+    // exactly-once mode (with the topic its jobs' follow-ups go to).
     let work = cfg.topics.work.first().cloned().unwrap_or_default();
     let (fair_topic, held_topic) = (format!("{work}.fair"), format!("{work}.orders"));
-    cfg.topics.work.extend([fair_topic.clone(), held_topic.clone()]);
+    let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
+    cfg.topics
+        .work
+        .extend([fair_topic.clone(), held_topic.clone(), eos_topic, follow_topic]);
     let on_cluster = brokers.is_some();
     if let Some(b) = brokers {
         cfg.kafka.brokers = b;
@@ -415,8 +424,14 @@ async fn run_on(
     }
     s.fair_waits = fair::show(&producer, &fair_topic, &mut fair_rx).await?;
     s.held_key = held::show(&producer, &held_topic, &mut held_rx).await?;
+    let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
+    s.exactly_once = exactly_once::show(&cfg, &producer, &eos_topic, &follow_topic).await?;
     let ws = wh.stats();
-    operator::after_run(&cfg, sched_admin, worker_admin).await?;
+    // The exactly-once worker's topics belong to a group of its own,
+    // which the operator's view of the main worker's group leaves out.
+    let mut main_group = cfg.clone();
+    main_group.topics.work.retain(|t| !t.starts_with(&eos_topic));
+    operator::after_run(&main_group, sched_admin, worker_admin).await?;
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
     sched_task.await.map_err(failed)?.map_err(failed)?;
@@ -434,6 +449,7 @@ async fn run_on(
          delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
          {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
          held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
+         exactly once: {} of {} jobs' follow-ups read back once, {} more than once\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
         s.done,
@@ -452,6 +468,9 @@ async fn run_on(
         moved_runs.len(),
         s.changes_ignored - ran_cancelled,
         s.held_key,
+        s.exactly_once.once,
+        s.exactly_once.jobs,
+        s.exactly_once.extra,
         ws.started,
         ws.owned
     );
@@ -462,10 +481,12 @@ async fn run_on(
         || s.changes_ignored > 0
         || moved_runs.len() != moved.len()
         || s.held_key != [1, 2, 2, 2, 3, 4, 5]
+        || s.exactly_once.once != s.exactly_once.jobs
+        || s.exactly_once.extra > 0
     {
         return Err(failed(
-            "the demo saw lost, early or out-of-order jobs, an ignored cancel or reschedule, or a held key \
-             out of order",
+            "the demo saw lost, early or out-of-order jobs, an ignored cancel or reschedule, a held key \
+             out of order, or a follow-up missing or written twice",
         ));
     }
     Ok(s)

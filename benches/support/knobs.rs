@@ -152,7 +152,7 @@ pub const KNOBS: &[(&str, &str, &str)] = &[
     (
         "KAIROS_BENCH_C_JOBS",
         "worker_throughput",
-        "benchmark C's jobs (20,000)",
+        "benchmark C's jobs (100,000)",
     ),
     (
         "KAIROS_BENCH_TIMELINE",

@@ -1,6 +1,6 @@
 //! The README's main command against Apache Kafka: `kairos --brokers HOST
-//! demo` runs the scheduler, a worker, a fair topic and a held key on a real
-//! cluster (without `--brokers` it uses the in-process development broker),
+//! demo` runs the scheduler, a worker, a fair topic, a held key and a
+//! worker in exactly-once mode on a real cluster (without `--brokers` it uses the in-process development broker),
 //! and what it saw keeps the guarantees it prints. It works in topics and
 //! groups of its own: a job waiting in the configured topics is not
 //! touched, and the demo's topics are gone afterwards.
@@ -23,7 +23,17 @@ struct Summary {
     changes_ignored: usize,
     fair_waits: std::collections::BTreeMap<String, (usize, i64, i64)>,
     held_key: Vec<u32>,
+    exactly_once: ExactlyOnce,
     topics: Vec<String>,
+}
+
+/// The summary's exactly-once part.
+#[derive(Debug, serde::Deserialize)]
+struct ExactlyOnce {
+    jobs: usize,
+    once: usize,
+    extra: usize,
+    transactions: u64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,6 +94,11 @@ async fn the_demo_runs_on_kafka_and_its_summary_keeps_the_guarantees() {
         "{s:?}"
     );
     assert_eq!(s.held_key, vec![1, 2, 2, 2, 3, 4, 5], "the held key's starts");
+    let e = &s.exactly_once;
+    assert!(
+        e.jobs > 0 && e.once == e.jobs && e.extra == 0 && e.transactions > 0,
+        "each exactly-once job's follow-up read back once, in transactions: {e:?}"
+    );
     assert!(
         s.fair_waits.len() >= 2,
         "both tenants' jobs started: {:?}",

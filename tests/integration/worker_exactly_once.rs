@@ -238,3 +238,55 @@ async fn a_worker_killed_after_its_transaction_writes_each_follow_up_once() {
         "the committed jobs did not run again"
     );
 }
+
+/// A zombie: a worker paused (SIGSTOP) past its session while running jobs
+/// and holding writes for its next transaction; another worker (its own
+/// transactional id) takes the partitions and runs every job; the first is
+/// resumed, finishes its runs and tries to commit them, but its offsets
+/// carry a group generation the group has moved on from, so nothing of it
+/// commits. read_committed: each follow-up once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_resumed_after_its_partitions_moved_commits_no_write() {
+    let (s, follow) = eos().await;
+    let jobs = with_follow_ups(&s.work, &follow, 300, 300);
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    enqueue_all(&s.producer, jobs).await;
+    let (mut zombie, _) = spawn_worker(&s.cfg, s.dir.path(), None);
+    wait_for("some follow-ups committed", T, || {
+        (follow_ups(&s.cfg, &follow, "read_committed").len() >= 20).then_some(())
+    });
+    signal(&zombie, "STOP");
+    let mut other = s.cfg.clone();
+    other.worker.transactional_id = unique("other-txn");
+    let (mut taker, _) = spawn_worker(&other, s.dir.path(), None);
+    wait_for("the other worker to run every job", T, || {
+        (committed(&s.cfg.kafka.brokers, &s.cfg.worker.group_id, &s.work) == 300).then_some(())
+    });
+    let before = follow_ups(&s.cfg, &follow, "read_uncommitted")
+        .values()
+        .sum::<usize>();
+    signal(&zombie, "CONT");
+    // The zombie's runs end at once (their sleeps are over) and its next
+    // transaction, or its release, tries to commit them.
+    let tried = crate::common::wait_until(Duration::from_secs(15), || {
+        let now: usize = follow_ups(&s.cfg, &follow, "read_uncommitted").values().sum();
+        (now > before).then_some(())
+    });
+    let aborted = check_follow_ups_once(&s.cfg, &follow, &ids);
+    match tried {
+        Some(()) => eprintln!("300 follow-ups once; the zombie's copies aborted ({aborted} aborted in all)"),
+        None => eprintln!("300 follow-ups once; the zombie wrote nothing after it resumed"),
+    }
+    zombie.kill().unwrap();
+    taker.kill().unwrap();
+}
+
+/// Send `signal` (`STOP`, `CONT`) to a child process.
+fn signal(child: &std::process::Child, signal: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{signal}");
+}
