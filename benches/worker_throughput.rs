@@ -35,8 +35,8 @@
 //!   100,000; 6 partitions, 10,000 keys) whose handler writes one follow-up
 //!   each to another topic; concurrency 256. The same worker in
 //!   at-least-once mode (the baseline) and with `[worker] exactly_once`
-//!   (each commit round one transaction), interleaved, three runs each, in
-//!   fresh groups: from `run_until` until the group's committed offsets
+//!   (each commit round one transaction) at commit intervals of 10, 100
+//!   and 1,000 ms, interleaved, three runs each, in fresh groups: from `run_until` until the group's committed offsets
 //!   reach every job (polled every 20 ms), so that both count only work
 //!   whose follow-ups Kafka has and whose offsets are committed. Medians.
 //!
@@ -790,9 +790,18 @@ const C_RUNS: usize = 3;
 
 /// A worker whose handler writes one follow-up per job to `follow`, in a
 /// fresh group, from its start until its committed offsets reach `n`.
-async fn follow_up_run(cfg: &Config, topic: &str, follow: &str, n: u64, exactly_once: bool) -> Timing {
+async fn follow_up_run(
+    cfg: &Config,
+    topic: &str,
+    follow: &str,
+    n: u64,
+    exactly_once: Option<Duration>,
+) -> Timing {
     let mut cfg = cfg.clone();
-    cfg.worker.exactly_once = exactly_once;
+    cfg.worker.exactly_once = exactly_once.is_some();
+    if let Some(every) = exactly_once {
+        cfg.worker.commit_interval = every;
+    }
     let group = common::unique("bench-follow");
     let follow = follow.to_string();
     let worker = Worker::builder(&cfg)
@@ -837,19 +846,30 @@ fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
     println!(
         "C: {n} jobs in {topic} ({A_PARTITIONS} partitions, {A_KEYS} keys), one follow-up each; concurrency {CONCURRENCY}; until the offsets are committed"
     );
-    let (mut alo, mut eos) = (Vec::new(), Vec::new());
+    let intervals = [10, 100, 1000].map(Duration::from_millis);
+    let mut alo = Vec::new();
+    let mut eos: Vec<Vec<Timing>> = intervals.iter().map(|_| Vec::new()).collect();
     for run in 1..=C_RUNS {
-        let a = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, false));
-        println!("  run {run} at least once: {}", a.describe("jobs"));
+        let a = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, None));
+        println!("  run {run} at least once:                {}", a.describe("jobs"));
         alo.push(a);
-        let e = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, true));
-        println!("  run {run} exactly once:  {}", e.describe("jobs"));
-        eos.push(e);
+        for (i, every) in intervals.iter().enumerate() {
+            let e = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, Some(*every)));
+            println!(
+                "  run {run} exactly once, rounds {every:>6?}: {}",
+                e.describe("jobs")
+            );
+            eos[i].push(e);
+        }
     }
-    let (a, e) = (median_rate(&alo), median_rate(&eos));
-    println!(
-        "  C: exactly once / at least once, medians of {C_RUNS}: {:.2}x ({e:.0} against {a:.0} jobs/s)",
-        e / a
-    );
+    let a = median_rate(&alo);
+    for (every, runs) in intervals.iter().zip(&eos) {
+        let e = median_rate(runs);
+        println!(
+            "  C: exactly once (commit_interval {every:?}) / at least once, medians of {C_RUNS}: {:.2}x \
+             ({e:.0} against {a:.0} jobs/s)",
+            e / a
+        );
+    }
     println!();
 }

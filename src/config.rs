@@ -390,6 +390,12 @@ impl Config {
                 ));
             }
         }
+        if w.commit_interval.is_zero() || w.commit_interval > w.session_timeout / 6 {
+            return Err(invalid(
+                "worker.commit_interval",
+                "must be longer than zero and at most a sixth of worker.session_timeout",
+            ));
+        }
         if s.revocation_deadline.is_zero() || s.revocation_deadline > Duration::from_secs(300) {
             return Err(invalid(
                 "scheduler.revocation_deadline",

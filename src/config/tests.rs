@@ -286,3 +286,22 @@ fn exactly_once_workers_refuse_topics_that_hold_keys() {
     c.worker.transaction_timeout = std::time::Duration::from_millis(500);
     assert!(c.validate().is_err(), "a transaction timeout under 1 s");
 }
+
+#[test]
+fn the_worker_s_commit_interval_fits_its_session() {
+    let mut c = Config::default();
+    c.worker.commit_interval = std::time::Duration::ZERO;
+    let key_of = |c: &Config| match c.validate() {
+        Err(ConfigError::Invalid { key, .. }) => Some(key),
+        _ => None,
+    };
+    assert_eq!(key_of(&c), Some("worker.commit_interval"));
+    c.worker.commit_interval = c.worker.session_timeout / 5;
+    assert_eq!(
+        key_of(&c),
+        Some("worker.commit_interval"),
+        "longer than a sixth of the session"
+    );
+    c.worker.commit_interval = std::time::Duration::from_secs(1);
+    c.validate().unwrap();
+}

@@ -70,13 +70,20 @@ pub struct WorkerConfig {
     /// scheduler, its key held until it comes back.
     #[serde(with = "humantime_serde")]
     pub pacing_horizon: Duration,
+    /// How often the offsets of finished jobs are committed (in
+    /// exactly-once mode, how often a transaction commits them with their
+    /// jobs' writes). Shorter: less work run again after a crash, and
+    /// follow-ups visible sooner in exactly-once mode; longer: fewer
+    /// commits. At most a sixth of `session_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub commit_interval: Duration,
     /// Settle in Kafka transactions: what the jobs finished in a commit
     /// round write (follow-ups, retries, deferrals, dead letters, jobs
     /// handed back to the scheduler) and the work offsets past them commit
     /// together, so each job's writes appear once to `read_committed`
     /// consumers, through crashes and zombies. A job's writes wait in
     /// memory until every job before it in its partition has finished too,
-    /// then for the next commit round (every 100 ms). Not with topics that
+    /// then for the next commit round (`commit_interval`). Not with topics that
     /// hold keys (`hold_key`, pacing). Off: at least once.
     pub exactly_once: bool,
     /// With `exactly_once`: how long the broker lets a transaction stay
@@ -133,6 +140,7 @@ impl Default for WorkerConfig {
             hold_give_up: Duration::from_millis(crate::worker::hold::GIVE_UP_MS as u64),
             pacing: BTreeMap::new(),
             pacing_horizon: Duration::from_secs(1),
+            commit_interval: Duration::from_millis(100),
             exactly_once: false,
             transaction_timeout: Duration::from_secs(15),
             transactional_id: String::new(),

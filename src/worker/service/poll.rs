@@ -143,7 +143,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         group: &shared.cfg.worker.group_id,
         session_timeout: shared.cfg.worker.session_timeout,
         instance_id: None,
-        // The worker commits every `COMMIT_EVERY` itself (`store_offsets`);
+        // The worker commits every `commit_interval` itself (`store_offsets`);
         // librdkafka's timer only commits again what a failed commit left.
         auto_commit_every: Duration::from_secs(1),
     };
@@ -168,8 +168,8 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || match txn {
-                Some(txn) => transactions::run(&shared, &consumer, &txn, COMMIT_EVERY),
-                None => keep_alive(&shared, &consumer, COMMIT_EVERY),
+                Some(txn) => transactions::run(&shared, &consumer, &txn, shared.cfg.worker.commit_interval),
+                None => keep_alive(&shared, &consumer, KEEP_ALIVE_EVERY),
             })
             .map_err(|e| WorkerError::Fatal(format!("starting the {what} thread: {e}")))?
     };
@@ -253,7 +253,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
 }
 
 /// Store the commit points that moved, and commit them at most every
-/// [`COMMIT_EVERY`].
+/// `[worker] commit_interval`.
 ///
 /// librdkafka's own auto-commit skips every round while the group
 /// rebalances, and a rebalance after a member died lasts until the dead
@@ -280,7 +280,7 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<WorkerConte
             Err(e) => debug!(error = %e, "offsets not stored (partitions gone)"),
         }
     }
-    if commits.stored && commits.last.elapsed() >= COMMIT_EVERY {
+    if commits.stored && commits.last.elapsed() >= shared.cfg.worker.commit_interval {
         commits.stored = false;
         commits.last = Instant::now();
         // The result goes to the commit callback.
@@ -288,8 +288,9 @@ pub(super) fn store_offsets(shared: &Shared, consumer: &BaseConsumer<WorkerConte
     }
 }
 
-/// How often the worker commits the offsets it stored.
-pub(super) const COMMIT_EVERY: Duration = Duration::from_millis(100);
+/// How often the keep-alive thread looks whether the group coordinator was
+/// heard from lately.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(100);
 
 /// Whether offsets were stored since the last commit, and when that was.
 pub(super) struct Commits {

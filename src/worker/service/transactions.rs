@@ -8,8 +8,9 @@
 //! off) cannot commit: the offsets go with the group generation it read
 //! them in (KIP-447).
 //!
-//! A thread of its own (`kairos-worker-txn`) commits a round every 100 ms
-//! (what the worker commits at in at-least-once mode too), or to hear from the group coordinator when nothing
+//! A thread of its own (`kairos-worker-txn`) commits a round every
+//! `[worker] commit_interval` (what the worker commits at in
+//! at-least-once mode too), or to hear from the group coordinator when nothing
 //! moved (see [`super::touch`]); a partition's release commits its last
 //! round on the poll thread. Both hold the commit order lock, so rounds
 //! never overlap.
