@@ -16,7 +16,7 @@ use super::transactions::StageIn;
 use super::{Entry, Shared, Tp};
 
 use crate::worker::handler::{run_caught, JobContext};
-use crate::worker::settle::{Origin, Settled, Stage};
+use crate::worker::settle::{Origin, Settled};
 
 /// A job whose handler run is over.
 pub(super) struct Finished {
@@ -191,13 +191,18 @@ async fn run(shared: Arc<Shared>, start: Start) -> Finished {
         offset,
         generation,
     };
+    // Used in exactly-once mode only (the settler's `staged` says which).
     let stage = StageIn(&shared);
-    let stage = shared.cfg.worker.exactly_once.then_some(&stage as &dyn Stage);
     // Boxed: the settling future is large and rarely more than one
     // write; inline, it would make every job's future kilobytes big.
-    let settled = Box::pin(shared.out.settler.settle(&job, origin, outcome, &cancel, stage))
-        .instrument(span.clone())
-        .await;
+    let settled = Box::pin(
+        shared
+            .out
+            .settler
+            .settle(&job, origin, outcome, &cancel, Some(&stage)),
+    )
+    .instrument(span.clone())
+    .await;
     let settled = match settled {
         // Its key's hold, if it has one, is written before it counts as finished.
         Some(s)

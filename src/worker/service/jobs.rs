@@ -89,11 +89,16 @@ impl WorkerState {
         if self.owned.get(&tp).map(|o| o.generation) != Some(generation) {
             return false;
         }
+        self.keep_staged(tp, offset, records);
+        true
+    }
+
+    /// Add `records` to those staged for the record of `tp` at `offset`.
+    fn keep_staged(&mut self, tp: Tp, offset: i64, records: Vec<OwnedRecord>) {
         if !records.is_empty() {
             let at = self.staged.entry(tp).or_default().entry(offset).or_default();
             at.extend(records);
         }
-        true
     }
 
     /// The staged writes of `points`' partitions below their points, taken
@@ -340,12 +345,7 @@ impl WorkerJobs {
         }
         for (tp, offset, records) in round.records {
             if st.owned.contains_key(&tp) {
-                st.staged
-                    .entry(tp)
-                    .or_default()
-                    .entry(offset)
-                    .or_default()
-                    .extend(records);
+                st.keep_staged(tp, offset, records);
             }
         }
     }

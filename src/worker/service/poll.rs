@@ -20,7 +20,7 @@ use super::{Entry, Shared, Tp, WorkerError};
 
 use crate::job::Job;
 use crate::kafka::TxnError;
-use crate::wire::{Command, Context, DeadLetter, OwnedRecord, RecordView};
+use crate::wire::{Command, Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
 pub(super) struct WorkerContext {
@@ -106,29 +106,26 @@ pub(super) fn release(
     // them: no keep-alive commit read before this one lands after it.
     let _committing = shared.jobs.committing();
     let round = shared.jobs.let_go(tps);
-    if let Some(txn) = txn {
-        if !round.points.is_empty() {
-            match txn.commit(shared, consumer, &round) {
-                Ok(()) => {}
-                Err(TxnError::Abortable(e)) => warn!(error = %e,
-                    "transaction on release aborted; the jobs finished since the last commit run again elsewhere"),
-                Err(e) => shared.fail(format!("worker transactions: {e}")),
+    match txn {
+        _ if round.points.is_empty() => {}
+        Some(txn) => match txn.commit(shared, consumer, &round) {
+            Ok(()) => {}
+            Err(TxnError::Abortable(e)) => warn!(error = %e,
+                "transaction on release aborted; the jobs finished since the last commit run again elsewhere"),
+            Err(e) => shared.fail(format!("worker transactions: {e}")),
+        },
+        None => {
+            let mut tpl = TopicPartitionList::new();
+            for point in round.points {
+                offset_to_commit(shared, &mut tpl, point);
             }
-        }
-        info!(partitions = ?tps, dropped_buffered = dropped, "work partitions released");
-        return;
-    }
-    let mut tpl = TopicPartitionList::new();
-    for point in round.points {
-        offset_to_commit(shared, &mut tpl, point);
-    }
-    if tpl.count() > 0 {
-        // Store it too: librdkafka commits the stored offsets once more
-        // when the partition goes (auto-commit), and a stale stored offset
-        // would move the committed one back.
-        let _ = consumer.store_offsets(&tpl);
-        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
-            warn!(error = %e, "commit on release failed");
+            // Store it too: librdkafka commits the stored offsets once
+            // more when the partition goes (auto-commit), and a stale
+            // stored offset would move the committed one back.
+            let _ = consumer.store_offsets(&tpl);
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                warn!(error = %e, "commit on release failed");
+            }
         }
     }
     info!(partitions = ?tps, dropped_buffered = dropped, "work partitions released");
@@ -398,12 +395,7 @@ pub(super) fn dead_letter_record(
         origin_partition: tp.1,
         origin_offset: offset,
     };
-    let rec = Arc::new(wire::dead_letter_record(
-        view,
-        &dead,
-        &shared.cfg.topics.dead_letter,
-        &shared.cfg.limits,
-    ));
+    let rec = wire::dead_letter_record(view, &dead, &shared.cfg.topics.dead_letter, &shared.cfg.limits);
     let s = shared.clone();
     write_in_background(
         shared,
@@ -411,7 +403,7 @@ pub(super) fn dead_letter_record(
         offset,
         |s| &s.dead_lettered,
         move || {
-            let (s, rec) = (s.clone(), OwnedRecord::clone(&rec));
+            let (s, rec) = (s.clone(), rec.clone());
             async move { send_or_stage(&s, rec).await }
         },
     );
