@@ -18,7 +18,8 @@
 //! key written before it has succeeded, across retries; on a plain topic
 //! on a three-broker cluster whose leader is killed; and in exactly-once
 //! mode (scheduler and workers), each job writing a follow-up, with the
-//! process faults and with the leader killed: there the checker reads
+//! process faults (and a scheduler paused past its session, then resumed:
+//! a zombie) and with the leader killed: there the checker reads
 //! read_committed and finds no duplicate fire and every follow-up once (a
 //! read_uncommitted read shows the aborted copies).
 //!
@@ -26,7 +27,8 @@
 //! hold-key mode, every start and end of their jobs with the fault times.
 //! `KAIROS_CRASH_CYCLES` sets the number of fault cycles (default 6);
 //! `KAIROS_CRASH_FAULTS` draws the process faults from the kinds named only
-//! (`scheduler-kill`, `worker-kill`, `worker-restart`; no broker restart),
+//! (`scheduler-kill`, `worker-kill`, `worker-restart`, and in exactly-once
+//! mode `scheduler-zombie`; no broker restart),
 //! to measure each kind's duplicates alone;
 //! `KAIROS_SOAK=1` runs a long soak (60 cycles, four times the jobs).
 //! `KAIROS_CHAOS_SEED` replays a run (the seed is printed).
@@ -102,6 +104,19 @@ impl Proc {
         (pid, at)
     }
 
+    /// SIGSTOP for `d`, then SIGCONT: a process that stopped answering
+    /// (a long GC pause, a VM migration) and comes back as a zombie.
+    fn pause_for(&self, d: Duration) {
+        for (sig, wait) in [("-STOP", d), ("-CONT", Duration::ZERO)] {
+            let ok = Command::new("kill")
+                .args([sig, &self.child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig}");
+            std::thread::sleep(wait);
+        }
+    }
+
     /// SIGTERM (graceful), wait, start again.
     fn terminate_and_restart(&mut self) {
         let _ = Command::new("kill")
@@ -140,10 +155,14 @@ impl Drop for Logs {
 }
 
 /// Enqueue jobs, retrying the ones whose write failed (the broker may be
-/// restarting; a job written twice is the same job, by id).
-async fn enqueue_retrying(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId, i64> {
+/// restarting; a job written twice is the same job, by id). Returns each
+/// job's run-at, and the jobs written more than once: a write that failed
+/// (timed out, say) may still have been stored, so a job sent again may be
+/// in the topic twice, and a producer is not transactional.
+async fn enqueue_retrying(producer: &Producer, jobs: Vec<Job>) -> (HashMap<JobId, i64>, HashSet<JobId>) {
     let mut left = jobs;
     let mut out = HashMap::new();
+    let mut resent = HashSet::new();
     for _ in 0..60 {
         let results =
             futures::future::join_all(left.iter().map(|j| producer.enqueue(j.clone()).into_future())).await;
@@ -154,11 +173,14 @@ async fn enqueue_retrying(producer: &Producer, jobs: Vec<Job>) -> HashMap<JobId,
                     assert_eq!(id, j.id);
                     out.insert(id, j.run_at.timestamp_millis());
                 }
-                Err(_) => failed.push(j),
+                Err(_) => {
+                    resent.insert(j.id);
+                    failed.push(j);
+                }
             }
         }
         if failed.is_empty() {
-            return out;
+            return (out, resent);
         }
         left = failed;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -302,12 +324,15 @@ async fn in_exactly_once_mode_jobs_fire_once_and_write_their_follow_ups_once_thr
 }
 
 /// Exactly-once mode on three brokers whose partitions' leader is killed.
-/// Ignored: one run of four (seed 1795894880698241632) found 26 jobs fired
-/// twice, a batch of fires written twice at consecutive offsets of one
-/// work partition, both committed (RELIABILITY.md, "Last measured"); the
-/// guarantee is not promised for a leader loss until that is understood.
+/// The test's producer is not transactional: a write of it that times out
+/// while the cluster elects a controller may still be stored, and the job
+/// sent again is then in its topic twice (each copy fires, once). Those
+/// jobs are named and left out of the count; every other job fires once.
+/// Ignored: in one run of five both schedulers stopped on a transaction
+/// commit in doubt (timed out while the controller moved), and the jobs
+/// waiting stalled; commits are now resumed longer, not yet shown enough.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "exactly-once under a leader loss: 26 duplicate fires in 1 of 4 runs, not diagnosed"]
+#[ignore = "a scheduler may stop on a commit in doubt during a controller failover (1 of 5 runs)"]
 async fn in_exactly_once_mode_jobs_fire_once_through_the_partition_leader_killed() {
     crash_suite(Mode::ExactlyOnce, Faults::LeaderLoss).await;
 }
@@ -371,13 +396,15 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     let soak = std::env::var("KAIROS_SOAK").is_ok_and(|v| v == "1");
     // One kind of process fault only, to measure its duplicates alone (and
     // no broker restart): `KAIROS_CRASH_FAULTS=scheduler-kill`,
-    // `worker-kill` or `worker-restart` (comma-separated for several).
+    // `worker-kill`, `worker-restart` or `scheduler-zombie` (comma-separated
+    // for several).
     let only_kinds: Option<Vec<u32>> = std::env::var("KAIROS_CRASH_FAULTS").ok().map(|v| {
         v.split(',')
             .map(|k| match k.trim() {
                 "scheduler-kill" => 0,
                 "worker-kill" => 1,
                 "worker-restart" => 2,
+                "scheduler-zombie" => 3,
                 other => panic!("KAIROS_CRASH_FAULTS: unknown fault `{other}`"),
             })
             .collect()
@@ -424,6 +451,13 @@ async fn crash_suite(mode: Mode, faults: Faults) {
         Mode::HoldKey => cfg.worker.on_failure = kairos::config::OnFailure::HoldKey,
         Mode::Plain => {}
         Mode::ExactlyOnce => {
+            // A scheduler paused past its session (a zombie) loses its
+            // partitions within seconds; one killed and restarted at once
+            // is back well within it. (With the leader killed, the shipped
+            // session: no zombie there.)
+            if faults == Faults::Processes {
+                cfg.scheduler.session_timeout = Duration::from_secs(6);
+            }
             cfg.scheduler.exactly_once = true;
             cfg.worker.exactly_once = true;
             cfg.worker.transaction_timeout = Duration::from_secs(10);
@@ -510,6 +544,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     let pace = Duration::from_millis(1500 * cycles as u64 / rounds.len().max(1) as u64);
     let writer = tokio::spawn(async move {
         let mut run_at: HashMap<JobId, i64> = HashMap::new();
+        let mut resent: HashSet<JobId> = HashSet::new();
         let first = tokio::time::Instant::now();
         for (i, round) in rounds.into_iter().enumerate() {
             tokio::time::sleep_until(first + pace * i as u32).await;
@@ -518,9 +553,11 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                 .into_iter()
                 .map(|(j, delay)| j.at(now + chrono::Duration::milliseconds(delay)))
                 .collect();
-            run_at.extend(enqueue_retrying(&producer, jobs).await);
+            let (written, again) = enqueue_retrying(&producer, jobs).await;
+            run_at.extend(written);
+            resent.extend(again);
         }
-        run_at
+        (run_at, resent)
     });
     // Faults, each once some progress has been made since the last one.
     let mut log = Vec::new();
@@ -535,8 +572,19 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     };
     let mut down: Option<usize> = None;
     // Which process faults to draw from: 0 scheduler SIGKILL, 1 worker
-    // SIGKILL, 2 worker SIGTERM + restart.
-    let kinds_allowed: Vec<u32> = only_kinds.clone().unwrap_or_else(|| vec![0, 1, 2]);
+    // SIGKILL, 2 worker SIGTERM + restart, 3 (exactly-once mode) a
+    // scheduler paused past its session and resumed, a zombie; in that
+    // mode the second fault is always a zombie.
+    let eos = mode == Mode::ExactlyOnce;
+    let kinds_allowed: Vec<u32> =
+        only_kinds
+            .clone()
+            .unwrap_or_else(|| if eos { vec![0, 1, 2, 3] } else { vec![0, 1, 2] });
+    let zombie_at = if eos && only_kinds.is_none() {
+        1
+    } else {
+        usize::MAX
+    };
     for cycle in 0..cycles {
         let target = (total * (cycle + 1)) / (cycles + 2);
         wait_for("progress before the next fault", Duration::from_secs(180), || {
@@ -574,7 +622,18 @@ async fn crash_suite(mode: Mode, faults: Faults) {
             kinds.push((now_nanos(), "broker kill -9 + restart"));
             continue;
         }
-        match kinds_allowed[rng.gen_range(0..kinds_allowed.len())] {
+        let kind = match cycle == zombie_at {
+            true => 3,
+            false => kinds_allowed[rng.gen_range(0..kinds_allowed.len())],
+        };
+        match kind {
+            3 => {
+                let i = rng.gen_range(0..schedulers.len());
+                let pause = cfg.scheduler.session_timeout + Duration::from_secs(3);
+                schedulers[i].pause_for(pause);
+                log.push(format!("scheduler {i} SIGSTOP {} s + SIGCONT", pause.as_secs()));
+                kinds.push((now_nanos(), "scheduler zombie (SIGSTOP past its session)"));
+            }
             0 => {
                 let i = rng.gen_range(0..schedulers.len());
                 let (pid, at) = schedulers[i].kill9_and_restart();
@@ -603,7 +662,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
         kinds.push((now_nanos(), "broker restarted"));
     }
     eprintln!("faults injected: {log:?}");
-    let run_at = writer.await.expect("job writer");
+    let (run_at, resent) = writer.await.expect("job writer");
 
     // Every job succeeded, and the duplicate runs still going then ended.
     let faults_done = std::time::Instant::now();
@@ -816,7 +875,22 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
     if mode == Mode::ExactlyOnce {
-        check_exactly_once(&brokers, &work, &follow, &fails, fire_duplicates);
+        // Copies beyond each job's attempts, of jobs the producer wrote once.
+        let fired_twice = work_copies
+            .iter()
+            .filter(|(id, _)| !resent.contains(id))
+            .map(|(id, c)| c.saturating_sub(1 + fails[id] as usize))
+            .sum::<usize>();
+        let resent_twice = work_copies
+            .iter()
+            .filter(|(id, c)| resent.contains(id) && **c > 1 + fails[id] as usize)
+            .count();
+        eprintln!(
+            "jobs the test's producer sent again after a failed write: {} ({resent_twice} of them stored \
+             twice; not counted below)",
+            resent.len()
+        );
+        check_exactly_once(&brokers, &work, &follow, &fails, &resent, fired_twice);
     }
     drop(broker);
 }
@@ -829,8 +903,10 @@ fn check_exactly_once(
     work: &str,
     follow: &str,
     fails: &HashMap<JobId, u32>,
+    resent: &HashSet<JobId>,
     fire_duplicates: usize,
 ) {
+    let resent: HashSet<String> = resent.iter().map(|id| format!("follow-up of {id}")).collect();
     let t = Duration::from_secs(60);
     let mut follow_ups: HashMap<String, usize> = HashMap::new();
     for m in read_all(brokers, follow, "read_committed", t) {
@@ -841,7 +917,10 @@ fn check_exactly_once(
         .keys()
         .filter(|id| !follow_ups.contains_key(&format!("follow-up of {id}")))
         .count();
-    let twice = follow_ups.values().filter(|n| **n > 1).count();
+    let twice = follow_ups
+        .iter()
+        .filter(|(text, n)| **n > 1 && !resent.contains(*text))
+        .count();
     let aborted_fires = read_all(brokers, work, "read_uncommitted", t).len()
         - read_all(brokers, work, "read_committed", t).len();
     let aborted_follow_ups =
@@ -972,7 +1051,7 @@ async fn kill_loop(protocol: GroupProtocol) {
             let job = Job::new(&work, format!("key-{}", n % 7), format!("job {n}").into_bytes())
                 .at(Utc::now() + chrono::Duration::milliseconds(1500));
             n += 1;
-            run_at.extend(enqueue_retrying(&producer, vec![job]).await);
+            run_at.extend(enqueue_retrying(&producer, vec![job]).await.0);
         }
         run_at
     });

@@ -40,6 +40,9 @@ pub enum TxnError {
     InDoubt(KafkaError),
 }
 
+/// How many call time-outs a commit is resumed for (see [`Transactional::commit`]).
+pub const COMMIT_PATIENCE: u32 = 6;
+
 /// A producer whose records are written in transactions.
 pub struct Transactional {
     producer: FutureProducer,
@@ -156,14 +159,22 @@ impl Transactional {
     /// Commit the transaction, once every record in it is acknowledged.
     /// [`TxnError::Abortable`] only when the transaction did not commit
     /// (abort it); [`TxnError::InDoubt`] when that is not known.
+    ///
+    /// A commit that times out is resumed (called again, as librdkafka asks)
+    /// for up to [`COMMIT_PATIENCE`] times the call's time-out: a cluster
+    /// electing a new controller or coordinator keeps commits waiting for
+    /// longer than one call's time-out, and giving up leaves the outcome
+    /// unknown, which stops the service.
     pub fn commit(&self) -> Result<(), TxnError> {
-        self.retrying(|p, left| p.commit_transaction(left))
-            .map_err(|e| match e {
-                TxnError::Abortable(KafkaError::Transaction(r)) if r.txn_requires_abort() => {
-                    TxnError::Abortable(KafkaError::Transaction(r))
-                }
-                TxnError::Abortable(e) | TxnError::Fatal(e) | TxnError::InDoubt(e) => TxnError::InDoubt(e),
-            })
+        retrying(&self.producer, self.timeout * COMMIT_PATIENCE, |p, left| {
+            p.commit_transaction(left.min(self.timeout))
+        })
+        .map_err(|e| match e {
+            TxnError::Abortable(KafkaError::Transaction(r)) if r.txn_requires_abort() => {
+                TxnError::Abortable(KafkaError::Transaction(r))
+            }
+            TxnError::Abortable(e) | TxnError::Fatal(e) | TxnError::InDoubt(e) => TxnError::InDoubt(e),
+        })
     }
 
     /// Abort the transaction: its records are never read by read_committed
