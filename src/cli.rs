@@ -121,6 +121,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Recurring schedules: define, list, pause, resume, delete.
+    Schedules {
+        #[command(subcommand)]
+        command: crate::schedules_cmd::SchedulesCommand,
+    },
     /// Cancel a pending job by id.
     Cancel {
         /// The job id printed by `enqueue`.

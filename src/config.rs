@@ -140,6 +140,17 @@ pub struct SchedulerConfig {
     /// fails it. At least 1 s.
     #[serde(with = "humantime_serde")]
     pub transaction_timeout: Duration,
+    /// Recurring schedules: how long before its time an occurrence is
+    /// enqueued (written to the schedule topic as a job), so that it fires
+    /// on time through the store. A change to a schedule within this much
+    /// of an occurrence applies from the next one.
+    #[serde(with = "humantime_serde")]
+    pub schedules_lead: Duration,
+    /// Recurring schedules: an occurrence not enqueued within this long
+    /// after its time (the scheduler was down, its partition moving) was
+    /// missed, and its schedule's misfire policy decides whether it runs.
+    #[serde(with = "humantime_serde")]
+    pub schedules_misfire_after: Duration,
     /// The scheduler's admin endpoint (`[scheduler.admin]`; off by default).
     pub admin: AdminConfig,
 }
@@ -197,6 +208,8 @@ impl Default for SchedulerConfig {
             revocation_deadline: Duration::from_secs(60),
             exactly_once: false,
             transaction_timeout: Duration::from_secs(15),
+            schedules_lead: Duration::from_secs(2),
+            schedules_misfire_after: Duration::from_secs(30),
             admin: AdminConfig::default(),
         }
     }
@@ -214,6 +227,14 @@ pub struct TopicsConfig {
     pub changelog: String,
     /// Where records that cannot be processed go, with the reason in `kairos-dead-reason`.
     pub dead_letter: String,
+    /// Recurring schedules' definitions (JSON, keyed by schedule id; a
+    /// tombstone deletes): compacted, with as many partitions as the
+    /// schedule topic (schedule partition N's owner runs the schedules of
+    /// partition N).
+    pub schedules: String,
+    /// How far each recurring schedule has run (written by schedulers):
+    /// compacted, partitioned like `schedules`.
+    pub schedule_cursors: String,
     /// Keys held by workers (hold-key retries, long pacing waits):
     /// compacted, keyed by work topic and entity key; partition N holds the
     /// keys of partition N of every work topic, so it needs as many
@@ -244,6 +265,8 @@ impl Default for TopicsConfig {
             schedule: "kairos.schedule".into(),
             changelog: "kairos.schedule.changelog".into(),
             dead_letter: "kairos.dead-letter".into(),
+            schedules: "kairos.schedules".into(),
+            schedule_cursors: "kairos.schedules.cursors".into(),
             held: "kairos.held".into(),
             work: vec!["kairos.jobs".into()],
             schedule_partitions: 6,
@@ -286,6 +309,12 @@ impl Config {
         }
         if self.scheduler.transaction_timeout < Duration::from_secs(1) {
             return Err(invalid("scheduler.transaction_timeout", "must be at least 1s"));
+        }
+        if self.scheduler.schedules_misfire_after <= self.scheduler.schedules_lead {
+            return Err(invalid(
+                "scheduler.schedules_misfire_after",
+                "must be longer than scheduler.schedules_lead",
+            ));
         }
         for (key, n) in [
             ("topics.schedule_partitions", self.topics.schedule_partitions),

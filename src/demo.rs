@@ -25,10 +25,12 @@ mod exactly_once;
 mod fair;
 mod held;
 mod operator;
+mod recurring;
 mod sample;
 
 pub use exactly_once::ExactlyOnceSeen;
 pub use fair::TenantWaits;
+pub use recurring::RecurringSeen;
 
 /// Options of the demo.
 #[derive(Clone, Debug)]
@@ -85,6 +87,8 @@ pub struct DemoSummary {
     /// The exactly-once worker: jobs, follow-ups read back once and more
     /// than once, transactions.
     pub exactly_once: ExactlyOnceSeen,
+    /// The recurring schedule: occurrences, fired once, fired more than once.
+    pub recurring: RecurringSeen,
     /// The demo's own topics (deleted at the end on a real cluster).
     pub topics: Vec<String>,
 }
@@ -125,13 +129,18 @@ pub async fn run(
     own_names(&mut cfg, &prefix);
     // A second work topic, dispatched fairly across tenants, a third,
     // whose failing jobs hold their keys, and one run by a worker in
-    // exactly-once mode (with the topic its jobs' follow-ups go to).
+    // exactly-once mode (with the topic its jobs' follow-ups go to), and
+    // the one a recurring schedule's occurrences go to.
     let work = cfg.topics.work.first().cloned().unwrap_or_default();
     let (fair_topic, held_topic) = (format!("{work}.fair"), format!("{work}.orders"));
     let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
-    cfg.topics
-        .work
-        .extend([fair_topic.clone(), held_topic.clone(), eos_topic, follow_topic]);
+    cfg.topics.work.extend([
+        fair_topic.clone(),
+        held_topic.clone(),
+        eos_topic,
+        follow_topic,
+        format!("{work}.reports"),
+    ]);
     let on_cluster = brokers.is_some();
     if let Some(b) = brokers {
         cfg.kafka.brokers = b;
@@ -158,6 +167,8 @@ fn own_names(cfg: &mut Config, prefix: &str) {
     t.schedule = format!("{prefix}.schedule");
     t.changelog = format!("{prefix}.changelog");
     t.dead_letter = format!("{prefix}.dead");
+    t.schedules = format!("{prefix}.schedules");
+    t.schedule_cursors = format!("{prefix}.schedules.cursors");
     t.held = format!("{prefix}.held");
     t.work = vec![format!("{prefix}.jobs")];
     cfg.scheduler.group_id = format!("{prefix}-scheduler");
@@ -426,11 +437,17 @@ async fn run_on(
     s.held_key = held::show(&producer, &held_topic, &mut held_rx).await?;
     let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
     s.exactly_once = exactly_once::show(&cfg, &producer, &eos_topic, &follow_topic).await?;
+    let reports = format!("{work}.reports");
+    s.recurring = recurring::show(&cfg, &reports).await?;
     let ws = wh.stats();
-    // The exactly-once worker's topics belong to a group of its own,
-    // which the operator's view of the main worker's group leaves out.
+    // The exactly-once worker's topics belong to a group of its own, and
+    // the reports are read back by the demo: the operator's view of the
+    // main worker's group leaves them out.
     let mut main_group = cfg.clone();
-    main_group.topics.work.retain(|t| !t.starts_with(&eos_topic));
+    main_group
+        .topics
+        .work
+        .retain(|t| !t.starts_with(&eos_topic) && *t != reports);
     operator::after_run(&main_group, sched_admin, worker_admin).await?;
     stop.cancel();
     worker_task.await.map_err(failed)?.map_err(failed)?;
@@ -450,6 +467,7 @@ async fn run_on(
          {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
          held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
          exactly once: {} of {} jobs' follow-ups read back once, {} more than once\n           \
+         recurring: {} of {} occurrences fired once, {} more than once\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
         s.done,
@@ -471,6 +489,9 @@ async fn run_on(
         s.exactly_once.once,
         s.exactly_once.jobs,
         s.exactly_once.extra,
+        s.recurring.once,
+        s.recurring.occurrences,
+        s.recurring.extra,
         ws.started,
         ws.owned
     );
@@ -483,10 +504,12 @@ async fn run_on(
         || s.held_key != [1, 2, 2, 2, 3, 4, 5]
         || s.exactly_once.once != s.exactly_once.jobs
         || s.exactly_once.extra > 0
+        || s.recurring.once != s.recurring.occurrences
+        || s.recurring.extra > 0
     {
         return Err(failed(
             "the demo saw lost, early or out-of-order jobs, an ignored cancel or reschedule, a held key \
-             out of order, or a follow-up missing or written twice",
+             out of order, a follow-up missing or written twice, or an occurrence missing or fired twice",
         ));
     }
     Ok(s)

@@ -11,11 +11,12 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use uuid::Uuid;
 
-const FNV_OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+/// FNV-1a's starting state (128 bits).
+pub(crate) const FNV_OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
 const FNV_PRIME: u128 = 0x0000000001000000000000000000013B;
 
-/// FNV-1a (128 bits) of `bytes`, from state `h`.
-fn fnv1a<'a>(mut h: u128, bytes: impl Iterator<Item = &'a u8>) -> u128 {
+/// FNV-1a (128 bits) of `bytes`, from state `h` ([`FNV_OFFSET`] to start).
+pub(crate) fn fnv1a<'a>(mut h: u128, bytes: impl Iterator<Item = &'a u8>) -> u128 {
     for b in bytes {
         h ^= u128::from(*b);
         h = h.wrapping_mul(FNV_PRIME);

@@ -41,6 +41,7 @@ pub mod keys;
 pub mod overview;
 pub mod producer;
 pub mod scheduler;
+pub mod schedules;
 mod sync;
 pub mod topics;
 pub mod wire;

@@ -16,6 +16,7 @@ mod cli;
 mod demo;
 mod dev_broker;
 mod example;
+mod schedules_cmd;
 
 use cli::{Cli, Command, DlqCommand, KeysCommand, TopicsCommand};
 
@@ -296,6 +297,7 @@ async fn main() -> anyhow::Result<()> {
                 h.job_id.as_deref().unwrap_or("-")
             );
         }
+        Command::Schedules { command } => schedules_cmd::run(&cfg, command).await?,
         Command::Cancel { id } => {
             Producer::new(&cfg)?.cancel(id).await.context("cancel")?;
             println!("cancel of {id} written");

@@ -101,6 +101,10 @@ struct Planned<'a> {
 const CHANGELOG_SETTINGS: &[(&str, &str)] =
     &[("cleanup.policy", "compact"), ("delete.retention.ms", "86400000")];
 
+/// Settings of the recurring schedules' topics: compacted (one record per
+/// schedule, a tombstone when it is deleted).
+const SCHEDULES_SETTINGS: &[(&str, &str)] = &[("cleanup.policy", "compact")];
+
 /// Held-topic settings: compacted (one record per held key, a tombstone
 /// when it is let go).
 const HELD_SETTINGS: &[(&str, &str)] = &[("cleanup.policy", "compact")];
@@ -163,6 +167,18 @@ fn plan(cfg: &Config) -> Vec<Planned<'_>> {
             CHANGELOG_SETTINGS,
         ),
         topic(&t.dead_letter, "dead-letter", t.dead_letter_partitions, &[]),
+        topic(
+            &t.schedules,
+            "schedules",
+            t.schedule_partitions,
+            SCHEDULES_SETTINGS,
+        ),
+        topic(
+            &t.schedule_cursors,
+            "schedule cursors",
+            t.schedule_partitions,
+            SCHEDULES_SETTINGS,
+        ),
         topic(&t.held, "held keys", t.work_partitions, HELD_SETTINGS),
     ];
     for w in &t.work {

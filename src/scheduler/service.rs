@@ -44,6 +44,7 @@ pub use metrics::DUE_SPANS;
 mod persist;
 mod probe;
 mod rebalance;
+mod recurring;
 mod stats;
 mod transactions;
 mod upkeep;
@@ -98,6 +99,8 @@ struct Shared {
     /// How many jobs fair topics may release: their backlogs, and the
     /// watch on those releasing nothing.
     fair: fair_release::FairRelease,
+    /// The recurring schedules of owned partitions.
+    schedules: recurring::Recurring,
     stats: SchedulerCounters,
 }
 
@@ -300,6 +303,7 @@ impl Scheduler {
                     fatal: Mutex::new(None),
                 },
                 fair: fair_release::FairRelease::new(&cfg.fair.topics),
+                schedules: recurring::Recurring::default(),
                 stats: SchedulerCounters::default(),
             }),
         })
@@ -391,6 +395,11 @@ impl Scheduler {
                     .map_err(|e| SchedulerError::Fatal(e.to_string()))?,
             )
         };
+        let recurring_shared = shared.clone();
+        let recurring = std::thread::Builder::new()
+            .name("kairos-schedules".into())
+            .spawn(move || recurring::run(&recurring_shared))
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?;
         let stop = shared.signals.stop.clone();
         let warm = shared.clone();
         // The topics the producer writes: the changelog, the dead-letter
@@ -441,6 +450,10 @@ impl Scheduler {
             .await
             .map_err(|e| SchedulerError::Fatal(e.to_string()))?
             .map_err(|_| SchedulerError::Fatal("probe thread panicked".into()))?;
+        tokio::task::spawn_blocking(move || recurring.join())
+            .await
+            .map_err(|e| SchedulerError::Fatal(e.to_string()))?
+            .map_err(|_| SchedulerError::Fatal("recurring schedules thread panicked".into()))?;
         if let Some(b) = backlogger {
             tokio::task::spawn_blocking(move || b.join())
                 .await

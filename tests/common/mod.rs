@@ -29,6 +29,8 @@ pub fn fresh_topics(cfg: &mut Config) {
     cfg.topics.schedule = format!("{p}.schedule");
     cfg.topics.changelog = format!("{p}.changelog");
     cfg.topics.dead_letter = format!("{p}.dead");
+    cfg.topics.schedules = format!("{p}.schedules");
+    cfg.topics.schedule_cursors = format!("{p}.schedules.cursors");
     cfg.topics.held = format!("{p}.held");
     cfg.topics.work = vec![format!("{p}.jobs")];
     cfg.topics.schedule_partitions = 3;
@@ -258,25 +260,35 @@ pub fn header<'a>(m: &'a OwnedMessage, name: &str) -> Option<&'a [u8]> {
 }
 
 /// Sum over partitions of the offsets `group` has committed on `topic`
-/// (partitions with no commit count as 0).
+/// (partitions with no commit count as 0). A request that times out (a
+/// broker busy with the tests running beside) is asked again, for a minute.
 pub fn committed(brokers: &str, group: &str, topic: &str) -> i64 {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
         .create()
         .expect("client");
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions(&consumer, topic) {
-        tpl.add_partition(topic, p);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions(&consumer, topic) {
+            tpl.add_partition(topic, p);
+        }
+        match consumer.committed_offsets(tpl, Duration::from_secs(10)) {
+            Ok(c) => {
+                return c
+                    .elements()
+                    .iter()
+                    .filter_map(|e| e.offset().to_raw())
+                    .filter(|o| *o >= 0)
+                    .sum()
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("committed offsets of {group}: {e}; asking again")
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
     }
-    let c = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .expect("committed");
-    c.elements()
-        .iter()
-        .filter_map(|e| e.offset().to_raw())
-        .filter(|o| *o >= 0)
-        .sum()
 }
 
 /// Scrapes an admin endpoint's `/metrics` every `every` on a thread of its

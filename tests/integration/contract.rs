@@ -42,7 +42,7 @@ async fn topics_init_is_safe_to_run_twice() {
     let broker = Broker::shared();
     let cfg = broker.config();
     let first = topics::init(&cfg).await.expect("first init");
-    assert_eq!(first.len(), 5);
+    assert_eq!(first.len(), 7);
     assert!(
         first.iter().all(|r| r.outcome == TopicOutcome::Created),
         "{first:?}"
@@ -59,6 +59,8 @@ async fn topics_init_is_safe_to_run_twice() {
             cfg.topics.schedule.clone(),
             cfg.topics.changelog.clone(),
             cfg.topics.dead_letter.clone(),
+            cfg.topics.schedules.clone(),
+            cfg.topics.schedule_cursors.clone(),
             cfg.topics.held.clone(),
             cfg.topics.work[0].clone()
         ]
@@ -69,6 +71,8 @@ async fn topics_init_is_safe_to_run_twice() {
         (&cfg.topics.schedule, 3),
         (&cfg.topics.changelog, 3),
         (&cfg.topics.dead_letter, 1),
+        (&cfg.topics.schedules, 3),
+        (&cfg.topics.schedule_cursors, 3),
         (&cfg.topics.held, 3),
         (&cfg.topics.work[0], 3),
     ] {

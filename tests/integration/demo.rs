@@ -24,7 +24,16 @@ struct Summary {
     fair_waits: std::collections::BTreeMap<String, (usize, i64, i64)>,
     held_key: Vec<u32>,
     exactly_once: ExactlyOnce,
+    recurring: Recurring,
     topics: Vec<String>,
+}
+
+/// The summary's recurring part.
+#[derive(Debug, serde::Deserialize)]
+struct Recurring {
+    occurrences: usize,
+    once: usize,
+    extra: usize,
 }
 
 /// The summary's exactly-once part.
@@ -98,6 +107,11 @@ async fn the_demo_runs_on_kafka_and_its_summary_keeps_the_guarantees() {
     assert!(
         e.jobs > 0 && e.once == e.jobs && e.extra == 0 && e.transactions > 0,
         "each exactly-once job's follow-up read back once, in transactions: {e:?}"
+    );
+    let r = &s.recurring;
+    assert!(
+        r.occurrences > 0 && r.once == r.occurrences && r.extra == 0,
+        "each occurrence of the recurring schedule fired once: {r:?}"
     );
     assert!(
         s.fair_waits.len() >= 2,

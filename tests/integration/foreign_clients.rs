@@ -15,7 +15,7 @@ use crate::common::system::{config, run, System};
 use crate::common::{kafka, read_n, wait_for, Broker, Recorded, TransactionalWriter};
 use chrono::Utc;
 use kairos::worker::Outcome;
-use kairos::{Job, Producer};
+use kairos::{Job, JobId, Producer};
 use rdkafka::Message as _;
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/kairos_client.py");
@@ -308,16 +308,17 @@ async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_a
 /// clients the tests run.
 #[test]
 fn the_readme_shows_the_python_and_java_code_the_tests_run() {
-    for (file, heading, lang) in [
-        (PYTHON, "### Scheduling a job from Python", "python"),
-        (JAVA, "### Scheduling a job from Java", "java"),
+    for (file, marker, heading, lang) in [
+        (PYTHON, "README", "### Scheduling a job from Python", "python"),
+        (PYTHON, "README-schedules", "## Recurring schedules", "python"),
+        (JAVA, "README", "### Scheduling a job from Java", "java"),
     ] {
         let source = std::fs::read_to_string(file).unwrap();
         let lines: Vec<&str> = source
             .lines()
-            .skip_while(|l| !l.contains("README:begin"))
+            .skip_while(|l| !l.contains(&format!("{marker}:begin")))
             .skip(1)
-            .take_while(|l| !l.contains("README:end"))
+            .take_while(|l| !l.contains(&format!("{marker}:end")))
             .collect();
         // As the README shows it: without the indentation it has in its class.
         let indent = lines
@@ -348,4 +349,62 @@ fn readme_block(heading: &str, lang: &str) -> String {
     let start = after.find(&format!("```{lang}\n")).expect("a code block") + lang.len() + 4;
     let end = after[start..].find("```").expect("the block's end");
     after[start..start + end].to_string()
+}
+
+/// A recurring schedule defined from Python (the README's `define`): its
+/// occurrences fire once each, at their times, under the ids Python
+/// computes with `occurrence_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_defined_from_python_fires_under_the_ids_python_computes() {
+    let crate::scheduler::SetUp {
+        dir: _dir, cfg, work, ..
+    } = crate::scheduler::set_up(|_| {}).await;
+    let running = crate::scheduler::start(&cfg);
+    crate::scheduler::wait_owned(&running, 3);
+    let start_ms = (Utc::now().timestamp_millis() / 1000 + 3) * 1000;
+    let out = Client::Python.run(&[
+        "define",
+        &cfg.kafka.brokers,
+        &cfg.topics.schedules,
+        "py-ticks",
+        &work,
+        &start_ms.to_string(),
+        "3",
+    ]);
+    let ids: Vec<JobId> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("OCCURRENCE "))
+        .map(|id| id.parse().unwrap())
+        .collect();
+    let nominal = |i: i64| chrono::DateTime::from_timestamp_millis(start_ms + i * 1000).unwrap();
+    let rust: Vec<JobId> = (0..3)
+        .map(|i| kairos::schedules::occurrence_id("py-ticks", nominal(i)))
+        .collect();
+    assert_eq!(ids, rust, "Python and Rust derive the same ids");
+    let fired = wait_for("the occurrences to fire", Duration::from_secs(60), || {
+        let jobs: Vec<Job> = crate::common::read_all(
+            &cfg.kafka.brokers,
+            &work,
+            "read_committed",
+            Duration::from_secs(30),
+        )
+        .iter()
+        .filter_map(|m| {
+            let view = kairos::wire::RecordView::from_message(m);
+            kairos::wire::decode_job(&view, kairos::wire::Context::Work, &kairos::Limits::default()).ok()
+        })
+        .collect();
+        ids.iter()
+            .all(|id| jobs.iter().any(|j| j.id == *id))
+            .then_some(jobs)
+    });
+    assert_eq!(fired.len(), 3, "each occurrence once: {fired:?}");
+    for (i, id) in ids.iter().enumerate() {
+        let j = fired.iter().find(|j| j.id == *id).unwrap();
+        assert_eq!(
+            (j.run_at, &j.payload[..]),
+            (nominal(i as i64), &b"from python"[..])
+        );
+    }
+    running.stop().await;
 }

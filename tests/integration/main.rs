@@ -21,6 +21,7 @@ mod fencing;
 mod first_contact;
 mod foreign_clients;
 mod scheduler;
+mod schedules;
 mod store_faults;
 mod worker;
 mod worker_exactly_once;

@@ -36,7 +36,7 @@ pub(crate) fn start(cfg: &Config) -> Running {
     start_with_clock(cfg, kairos::clock::system())
 }
 
-fn start_with_clock(cfg: &Config, clock: kairos::clock::SharedClock) -> Running {
+pub(crate) fn start_with_clock(cfg: &Config, clock: kairos::clock::SharedClock) -> Running {
     let s = Scheduler::builder(cfg).clock(clock).build().expect("scheduler");
     let handle = s.handle();
     let (tx, rx) = tokio::sync::oneshot::channel();

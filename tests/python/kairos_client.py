@@ -11,6 +11,11 @@ part between the README markers is the README's Python example.
         Writes one record per key to TOPIC, keyed, with the header
         kairos-client=python, and prints "KEY PARTITION" for each.
 
+    python3 kairos_client.py define BROKERS SCHEDULES_TOPIC ID WORK_TOPIC START_MS N
+        Defines recurring schedule ID, every second from START_MS for N
+        occurrences, on WORK_TOPIC; prints the N occurrences' job ids as
+        "OCCURRENCE ID".
+
     python3 kairos_client.py dead BROKERS DEAD_TOPIC N
         Reads N records from the dead-letter topic and prints
         "DEAD ID REASON" for each.
@@ -44,6 +49,38 @@ def schedule(p, schedule_topic, work_topic, key, payload, run_at_ms):
     ])
     return job_id
 # README:end
+
+
+# README-schedules:begin
+import json
+from datetime import datetime, timezone
+
+OCCURRENCES = uuid.UUID("6b616972-6f73-4a00-8000-726563757272")
+
+
+def define(p, schedules_topic, schedule_id, cron, work_topic, payload, **options):
+    """Define (or replace) a recurring schedule: each occurrence runs payload on work_topic."""
+    definition = {"id": schedule_id, "cron": cron,
+                  "job": {"topic": work_topic, "payload": payload}, **options}
+    p.produce(schedules_topic, key=schedule_id, value=json.dumps(definition))
+
+
+def occurrence_id(schedule_id, nominal_ms):
+    """The job id of the schedule's occurrence at nominal_ms (epoch milliseconds)."""
+    return str(uuid.uuid5(OCCURRENCES, f"{schedule_id}@{nominal_ms}"))
+# README-schedules:end
+
+
+def define_every_second(brokers, schedules_topic, schedule_id, work, start_ms, n):
+    p = producer(brokers)
+    iso = lambda ms: datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat().replace("+00:00", "Z")
+    define(p, schedules_topic, schedule_id, "* * * * * *", work, "from python",
+           time_zone="America/New_York", start=iso(start_ms), end=iso(start_ms + (n - 1) * 1000),
+           misfire="all")
+    if p.flush(30) != 0:
+        sys.exit("not every record was acknowledged")
+    for i in range(n):
+        print("OCCURRENCE", occurrence_id(schedule_id, start_ms + i * 1000))
 
 
 def produce(brokers, schedule_topic, work, n, keys, delay_ms):
@@ -101,6 +138,8 @@ if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "produce":
         produce(args[0], args[1], args[2], int(args[3]), int(args[4]), int(args[5]))
+    elif cmd == "define":
+        define_every_second(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]))
     elif cmd == "dead":
         dead(args[0], args[1], int(args[2]))
     elif cmd == "keys":

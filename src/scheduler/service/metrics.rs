@@ -166,6 +166,36 @@ impl Source for SchedulerHandle {
             "Changelog records read to catch partitions up.",
             s.replayed,
         )
+        .counter(
+            "kairos_schedule_occurrences",
+            "Occurrences of recurring schedules enqueued.",
+            s.occurrences,
+        )
+        .counter(
+            "kairos_schedule_occurrences_late",
+            "Occurrences of recurring schedules enqueued after they were missed.",
+            s.occurrences_late,
+        )
+        .counter(
+            "kairos_schedule_occurrences_dropped",
+            "Occurrences of recurring schedules missed and dropped by their misfire policy.",
+            s.occurrences_dropped,
+        )
+        .counter(
+            "kairos_schedule_updates",
+            "Recurring schedule definitions read that changed a schedule (new, changed, deleted, refused).",
+            s.schedule_updates,
+        )
+        .gauge(
+            "kairos_schedules",
+            "Recurring schedules held (defined, in owned partitions).",
+            s.schedules as i64,
+        )
+        .counter(
+            "kairos_schedule_occurrences_backfilled",
+            "Occurrences of recurring schedules enqueued again by backfills.",
+            s.occurrences_backfilled,
+        )
         .gauge_by(
             "kairos_scheduler_schedule_lag_records",
             "Records of each owned schedule partition not read yet (end offset less position), \

@@ -39,6 +39,7 @@ impl ConsumerContext for SchedulerContext {
         if let Some(t) = &self.shared.kafka.txn {
             t.set_group(consumer.group_metadata());
         }
+        self.shared.schedules.revoke(&parts);
         Draining::revoke(&self.shared, parts, consumer);
     }
 
@@ -106,6 +107,7 @@ impl ConsumerContext for SchedulerContext {
                 if let Some(t) = &self.shared.kafka.txn {
                     t.set_group(consumer.group_metadata());
                 }
+                self.shared.schedules.assign(&parts);
                 self.shared.signals.wake.notify_one();
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),

@@ -58,6 +58,23 @@ pub struct SchedulerStats {
     /// Changelog records read to rebuild partitions since start (a restart
     /// on its own store reads only what changed while it was away).
     pub replayed: u64,
+    /// Occurrences of recurring schedules enqueued since start.
+    pub occurrences: u64,
+    /// Of those, occurrences enqueued after they were missed (their
+    /// schedule's misfire policy let them run).
+    pub occurrences_late: u64,
+    /// Occurrences missed and dropped (misfire policy, catch-up window)
+    /// since start.
+    pub occurrences_dropped: u64,
+    /// Recurring schedule definitions read that changed a schedule (new,
+    /// changed, deleted or refused) since start.
+    pub schedule_updates: u64,
+    /// Backfill requests carried out since start.
+    pub backfills: u64,
+    /// Recurring schedules held (defined, in owned partitions).
+    pub schedules: u64,
+    /// Occurrences enqueued by backfills since start.
+    pub occurrences_backfilled: u64,
 }
 
 /// What `shared` holds and has done now.
@@ -79,6 +96,13 @@ pub(super) fn stats(shared: &Shared) -> SchedulerStats {
         skipped: shared.stats.skipped.load(Ordering::Relaxed),
         dead_lettered: shared.stats.dead_lettered.load(Ordering::Relaxed),
         replayed: shared.stats.replayed.load(Ordering::Relaxed),
+        occurrences: shared.schedules.occurrences.load(Ordering::Relaxed),
+        occurrences_late: shared.schedules.late.load(Ordering::Relaxed),
+        occurrences_dropped: shared.schedules.dropped.load(Ordering::Relaxed),
+        schedule_updates: shared.schedules.updates.load(Ordering::Relaxed),
+        backfills: shared.schedules.backfills.load(Ordering::Relaxed),
+        schedules: shared.schedules.held.load(Ordering::Relaxed),
+        occurrences_backfilled: shared.schedules.backfilled.load(Ordering::Relaxed),
     }
 }
 

@@ -490,6 +490,14 @@ impl Store {
         Ok(())
     }
 
+    /// Another tree of the store's database, for state that lives beside
+    /// the pending jobs (the recurring schedules of owned partitions).
+    /// Written without the store's flush discipline: what it holds can be
+    /// rebuilt from Kafka.
+    pub fn side_tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+        Ok(self.db.open_tree(name)?)
+    }
+
     /// Bytes the store takes on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()? + self.log.usage().written)

@@ -1,0 +1,125 @@
+//! The demo's recurring schedule: a cron pattern with seconds, in a time
+//! zone, for three occurrences; each fires once, under the id derived from
+//! the schedule and its time.
+
+use std::time::Duration;
+
+use chrono::{DurationRound as _, Utc};
+use rdkafka::Message as _;
+
+use super::{failed, DemoError};
+use kairos::schedules::{occurrence_id, JobTemplate, Schedule, Schedules};
+use kairos::{Config, JobId};
+
+/// Occurrences the demo's schedule has.
+const OCCURRENCES: i64 = 3;
+
+/// What the recurring part saw: occurrences due, fired once, fired more
+/// than once (must be 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecurringSeen {
+    /// Occurrences the schedule had.
+    pub occurrences: usize,
+    /// Of those, fired exactly once.
+    pub once: usize,
+    /// Fires beyond the first of an occurrence (must be 0).
+    pub extra: usize,
+}
+
+/// Define a schedule firing every second for [`OCCURRENCES`] seconds into
+/// `topic`, wait for its occurrences, delete it.
+pub(super) async fn show(cfg: &Config, topic: &str) -> Result<RecurringSeen, DemoError> {
+    let schedules = Schedules::new(cfg).map_err(failed)?;
+    let start = Utc::now()
+        .duration_trunc(chrono::Duration::seconds(1))
+        .map_err(failed)?
+        + chrono::Duration::seconds(3);
+    let mut s = Schedule::cron(
+        "demo-report",
+        "* * * * * *",
+        JobTemplate::new(topic, "build the report"),
+    );
+    s.time_zone = "Europe/Berlin".into();
+    s.start = Some(start);
+    s.end = Some(start + chrono::Duration::seconds(OCCURRENCES - 1));
+    println!(
+        "\nrecurring     schedule `{}` (cron `{}` in {}) from {} to {}: each occurrence a job on {topic}\n              \
+         with the id derived from the schedule and its time, enqueued {} ahead",
+        s.id,
+        s.cron.as_deref().unwrap_or_default(),
+        s.time_zone,
+        berlin(start),
+        berlin(start + chrono::Duration::seconds(OCCURRENCES - 1)),
+        humantime::format_duration(cfg.scheduler.schedules_lead)
+    );
+    schedules.upsert(&s).await.map_err(failed)?;
+    let want: Vec<(chrono::DateTime<Utc>, JobId)> = (0..OCCURRENCES)
+        .map(|i| {
+            let at = start + chrono::Duration::seconds(i);
+            (at, occurrence_id(&s.id, at))
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let fires = loop {
+        let fires = read_back(cfg, topic).await?;
+        let all = want.iter().all(|(_, id)| fires.iter().any(|(f, _)| f == id));
+        if all || tokio::time::Instant::now() > deadline {
+            break fires;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut seen = RecurringSeen {
+        occurrences: want.len(),
+        ..Default::default()
+    };
+    for (at, id) in &want {
+        let copies: Vec<i64> = fires.iter().filter(|(f, _)| f == id).map(|(_, t)| *t).collect();
+        if copies.len() == 1 {
+            seen.once += 1;
+        }
+        seen.extra += copies.len().saturating_sub(1);
+        let late = copies.first().map_or("not fired".to_string(), |t| {
+            format!("fired {} ms after its time", t - at.timestamp_millis())
+        });
+        println!("              {}  job {id}  {late}", berlin(*at));
+    }
+    schedules.delete(&s.id).await.map_err(failed)?;
+    println!(
+        "              {} of {} occurrences fired once, {} more than once; schedule deleted",
+        seen.once, seen.occurrences, seen.extra
+    );
+    Ok(seen)
+}
+
+fn berlin(t: chrono::DateTime<Utc>) -> String {
+    t.with_timezone(&chrono_tz::Europe::Berlin)
+        .format("%H:%M:%S %Z")
+        .to_string()
+}
+
+/// Every job id on `topic` with its record's time.
+async fn read_back(cfg: &Config, topic: &str) -> Result<Vec<(JobId, i64)>, DemoError> {
+    let (kafka, topic) = (cfg.kafka.clone(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        kairos::kafka::read_to_end(
+            &kafka,
+            "kairos-demo-recurring",
+            &topic,
+            None,
+            Duration::from_secs(10),
+            |m| {
+                let view = kairos::wire::RecordView::from_message(m);
+                if let Ok(kairos::wire::Command::Schedule(job)) =
+                    kairos::wire::decode(&view, kairos::wire::Context::Work, &kairos::Limits::default())
+                {
+                    out.push((job.id, m.timestamp().to_millis().unwrap_or(0)));
+                }
+            },
+        )
+        .map(|()| out)
+    })
+    .await
+    .map_err(failed)?
+    .map_err(failed)
+}
