@@ -1,7 +1,9 @@
 //! The admin endpoint of a scheduler or a worker, for operators and their
 //! monitoring: `GET /metrics` (Prometheus, OpenMetrics text), `/healthz`
 //! (the process is alive), `/readyz` (it owns partitions and can work them)
-//! and `/status` (what it holds and has done, as JSON).
+//! and `/status` (what it holds and has done, as JSON); a scheduler also
+//! `/jobs/{id}`, `/pending`, `/schedules` (its recurring schedules) and
+//! `/dlq`.
 //!
 //! Off unless `[scheduler.admin] listen` or `[worker.admin] listen` is set.
 //! It serves 127.0.0.1 (or another loopback address) as it is; any other
@@ -47,6 +49,11 @@ pub trait Source: Send + Sync + 'static {
     /// `GET /pending`; reads every pending job).
     fn pending_by_topic(&self) -> Result<serde_json::Value, String> {
         Err("no pending jobs here".into())
+    }
+    /// The recurring schedules this process runs, with their next and
+    /// last occurrences (answers `GET /schedules`).
+    fn schedules(&self) -> Result<serde_json::Value, String> {
+        Err("no recurring schedules here".into())
     }
     /// The dashboard served at `/`, if this process has one.
     fn page(&self) -> Option<Page> {
@@ -153,6 +160,7 @@ impl Admin {
             .route("/jobs/{id}", routing::get(job))
             .route("/dlq", routing::get(dead_letters))
             .route("/pending", routing::get(pending))
+            .route("/schedules", routing::get(schedules))
             .route("/dlq/replay", routing::post(replay))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             .merge(files)
@@ -167,7 +175,7 @@ impl Admin {
                     return;
                 }
             };
-            info!(%addr, "admin endpoint serving / /metrics /healthz /readyz /status /jobs/ID /dlq");
+            info!(%addr, "admin endpoint serving / /metrics /healthz /readyz /status /jobs/ID /pending /schedules /dlq");
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
@@ -349,6 +357,10 @@ async fn json_from(
 
 async fn pending(State(s): State<Arc<Served>>) -> Response {
     json_from(&s, |src| src.pending_by_topic()).await
+}
+
+async fn schedules(State(s): State<Arc<Served>>) -> Response {
+    json_from(&s, |src| src.schedules()).await
 }
 
 async fn dead_letters(State(s): State<Arc<Served>>) -> Response {

@@ -253,6 +253,11 @@ pub struct Job {
     /// Set by a worker on a job it parked behind a held key (the park's
     /// sequence number in that key's hold); never set by producers.
     pub parked: Option<u64>,
+    /// Skip a first attempt that a worker reads while a job of the same key
+    /// is running or waiting there (settled without running, counted as
+    /// skipped) instead of queueing it: for periodic work where a missed
+    /// run is better than runs piling up (`kairos-if-busy: skip`).
+    pub skip_if_busy: bool,
     /// Headers the producer set for its own use, in order, passed through
     /// untouched (`None` is a header with a null value, which Kafka allows).
     pub headers: HeaderList,
@@ -275,6 +280,7 @@ impl Job {
             last_error: None,
             limit_key: None,
             parked: None,
+            skip_if_busy: false,
             headers: Vec::new(),
         }
     }

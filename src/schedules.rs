@@ -143,6 +143,11 @@ pub enum Overlap {
     /// other, in order (the key-order guarantee).
     #[default]
     Queue,
+    /// Occurrences share the job's key, and one that a worker reads while
+    /// an earlier job of the key is running or waiting there is skipped
+    /// (not run, counted in `kairos_worker_skipped`): a slow run makes the
+    /// schedule miss occurrences instead of piling them up.
+    Skip,
     /// Each occurrence gets a key of its own (`<key>@<nominal ms>`): they
     /// may run side by side.
     Parallel,

@@ -193,8 +193,8 @@ fn table(all: &[ScheduleView]) -> String {
     let time =
         |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_string(), kairos::wire::format_time);
     let mut out = format!(
-        "{:<24} {:<22} {:<16} {:<26} {:<26} state\n",
-        "id", "recurrence", "zone", "next", "last"
+        "{:<24} {:<22} {:<16} {:<26} {:<26} {:>6} {:>8} state\n",
+        "id", "recurrence", "zone", "next", "last", "late", "dropped"
     );
     for v in all {
         let (every, zone, state) = match &v.schedule {
@@ -220,12 +220,14 @@ fn table(all: &[ScheduleView]) -> String {
             ),
         };
         out.push_str(&format!(
-            "{:<24} {:<22} {:<16} {:<26} {:<26} {state}\n",
+            "{:<24} {:<22} {:<16} {:<26} {:<26} {:>6} {:>8} {state}\n",
             v.id,
             every,
             zone,
             time(v.next),
-            time(v.last)
+            time(v.last),
+            v.late,
+            v.dropped
         ));
     }
     out

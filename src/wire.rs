@@ -81,6 +81,11 @@ pub mod header {
     pub const LIMIT_KEY: &str = "kairos-limit-key";
     /// Set by workers: the job was parked behind its held key (park sequence).
     pub const PARKED: &str = "kairos-parked";
+    /// What a worker does with a first attempt that arrives while a job of
+    /// its key is running or waiting there: `queue` (the default: it waits
+    /// its turn) or `skip` (it is settled without running, counted as
+    /// skipped). Recurring schedules with `overlap = "skip"` set it.
+    pub const IF_BUSY: &str = "kairos-if-busy";
     /// Operation: `schedule`, `cancel`, `reschedule` (schedule topic),
     /// `release` (work topic).
     pub const OP: &str = "kairos-op";
@@ -97,7 +102,7 @@ pub mod header {
     pub const DEAD_TRUNCATED: &str = "kairos-dead-truncated";
 
     /// Every name of the contract, in the order they are written.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         VERSION,
         ID,
         RUN_AT,
@@ -110,6 +115,7 @@ pub mod header {
         LAST_ERROR,
         LIMIT_KEY,
         PARKED,
+        IF_BUSY,
         OP,
         DEAD_REASON,
         ORIGIN_TOPIC,

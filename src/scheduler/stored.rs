@@ -18,11 +18,16 @@ use crate::job::{Job, JobId, Priority};
 /// sequence (4 bytes, 0 for none), written only for jobs with either.
 /// Version 4 is version 3 with an 8-byte park sequence, written only for a
 /// park number above `u32::MAX` (so that a store of narrow numbers reads in
-/// the versions before).
+/// the versions before). Version 5 is version 4 followed by a flags byte
+/// (bit 0: [`Job::skip_if_busy`]), written only for a job with a flag set.
 const FORMAT: u8 = 1;
 const FORMAT_2: u8 = 2;
 const FORMAT_3: u8 = 3;
 const FORMAT_4: u8 = 4;
+const FORMAT_5: u8 = 5;
+
+/// Format 5's flag bits.
+const FLAG_SKIP_IF_BUSY: u8 = 1;
 
 /// A job as the scheduler holds it: the job and its arrival sequence (the
 /// schedule-topic offset it came from), which orders jobs of equal run-at.
@@ -83,14 +88,16 @@ impl StoredJob {
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
         let mut out = Vec::with_capacity(64 + j.key.len() + j.payload.len() + j.topic.len());
-        let v4 = j.parked.is_some_and(|n| n > u64::from(u32::MAX));
+        let v5 = j.skip_if_busy;
+        let v4 = v5 || j.parked.is_some_and(|n| n > u64::from(u32::MAX));
         let v3 = v4 || j.limit_key.is_some() || j.parked.is_some();
         let v2 = v3 || j.priority != Priority::Normal || j.early.is_some();
-        out.push(match (v4, v3, v2) {
-            (true, _, _) => FORMAT_4,
-            (false, true, _) => FORMAT_3,
-            (false, false, true) => FORMAT_2,
-            (false, false, false) => FORMAT,
+        out.push(match (v5, v4, v3, v2) {
+            (true, ..) => FORMAT_5,
+            (false, true, ..) => FORMAT_4,
+            (false, false, true, _) => FORMAT_3,
+            (false, false, false, true) => FORMAT_2,
+            (false, false, false, false) => FORMAT,
         });
         out.extend_from_slice(j.id.as_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -120,13 +127,19 @@ impl StoredJob {
                 _ => out.extend_from_slice(&parked.to_be_bytes()),
             }
         }
+        if v5 {
+            out.push(if j.skip_if_busy { FLAG_SKIP_IF_BUSY } else { 0 });
+        }
         out
     }
 
     /// The id, seq and run-at of encoded bytes, without decoding the rest
     /// (`None` when the bytes are not a job of this format).
     pub fn peek(bytes: &[u8]) -> Option<Peeked> {
-        if !matches!(bytes.first(), Some(&FORMAT | &FORMAT_2 | &FORMAT_3 | &FORMAT_4)) {
+        if !matches!(
+            bytes.first(),
+            Some(&FORMAT | &FORMAT_2 | &FORMAT_3 | &FORMAT_4 | &FORMAT_5)
+        ) {
             return None;
         }
         let id: [u8; 16] = bytes.get(1..17)?.try_into().ok()?;
@@ -143,7 +156,7 @@ impl StoredJob {
     pub fn decode(bytes: &[u8]) -> Result<StoredJob, CorruptJob> {
         let mut r = Reader(bytes);
         let version = r.take(1)?[0];
-        if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3 | FORMAT_4) {
+        if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3 | FORMAT_4 | FORMAT_5) {
             return Err(CorruptJob("unknown format version"));
         }
         let id = JobId::from_bytes(r.array()?);
@@ -172,7 +185,7 @@ impl StoredJob {
         };
         let (limit_key, parked) = if version >= FORMAT_3 {
             let limit_key = r.opt()?.map(<[u8]>::to_vec);
-            let parked = if version == FORMAT_4 {
+            let parked = if version >= FORMAT_4 {
                 u64::from_be_bytes(r.array()?)
             } else {
                 u64::from(u32::from_be_bytes(r.array()?))
@@ -180,6 +193,13 @@ impl StoredJob {
             (limit_key, (parked > 0).then_some(parked))
         } else {
             (None, None)
+        };
+        let skip_if_busy = match version {
+            FORMAT_5 => match r.take(1)?[0] {
+                f if f & !FLAG_SKIP_IF_BUSY != 0 => return Err(CorruptJob("unknown flags")),
+                f => f & FLAG_SKIP_IF_BUSY != 0,
+            },
+            _ => false,
         };
         if !r.0.is_empty() {
             return Err(CorruptJob("trailing bytes"));
@@ -203,6 +223,7 @@ impl StoredJob {
                 last_error,
                 limit_key,
                 parked,
+                skip_if_busy,
                 headers,
             },
             seq,
@@ -294,7 +315,7 @@ mod tests {
         assert_eq!(StoredJob::peek(&[]), None);
         assert_eq!(StoredJob::peek(&s.encode()[..30]), None);
         let mut other = s.encode();
-        other[0] = FORMAT_4 + 1;
+        other[0] = FORMAT_5 + 1;
         assert_eq!(StoredJob::peek(&other), None);
         let mut v2 = s.clone();
         v2.job = v2.job.early(std::time::Duration::from_secs(5));
@@ -360,6 +381,24 @@ mod tests {
         for n in 0..bytes.len() {
             assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
         }
+    }
+
+    #[test]
+    fn a_job_that_skips_when_busy_is_written_as_version_5_and_only_it() {
+        let plain = sample();
+        let mut skipping = sample();
+        skipping.job.skip_if_busy = true;
+        let bytes = skipping.encode();
+        assert_eq!(bytes[0], FORMAT_5);
+        assert_ne!(plain.encode()[0], FORMAT_5, "other jobs keep their versions");
+        assert_eq!(StoredJob::decode(&bytes).unwrap(), skipping);
+        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(skipping.job.id));
+        for n in 0..bytes.len() {
+            assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
+        }
+        let mut unknown = bytes.clone();
+        *unknown.last_mut().unwrap() |= 0x80;
+        assert_eq!(StoredJob::decode(&unknown), Err(CorruptJob("unknown flags")));
     }
 
     #[test]

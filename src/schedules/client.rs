@@ -48,6 +48,10 @@ pub struct ScheduleView {
     pub last: Option<DateTime<Utc>>,
     /// Its next occurrence after the later of `last` and now, if any.
     pub next: Option<DateTime<Utc>>,
+    /// Occurrences enqueued late and dropped (its cursor's counts).
+    pub late: u64,
+    /// Occurrences missed and dropped by its misfire policy.
+    pub dropped: u64,
     /// Why the definition cannot run, when the record is not a valid one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid: Option<String>,
@@ -178,7 +182,7 @@ fn list_blocking(cfg: &Config) -> Result<Vec<ScheduleView>, SchedulesError> {
             }
         },
     )?;
-    let mut cursors: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    let mut cursors: BTreeMap<String, Cursor> = BTreeMap::new();
     kafka::read_to_end(
         &cfg.kafka,
         "kairos-schedules-reader",
@@ -188,8 +192,8 @@ fn list_blocking(cfg: &Config) -> Result<Vec<ScheduleView>, SchedulesError> {
         |m| {
             if let Some(k) = m.key() {
                 let id = String::from_utf8_lossy(k).into_owned();
-                match m.payload().and_then(decode_cursor).and_then(|c| c.last()) {
-                    Some(t) => cursors.insert(id, t),
+                match m.payload().and_then(decode_cursor) {
+                    Some(c) => cursors.insert(id, c),
                     None => cursors.remove(&id),
                 };
             }
@@ -200,13 +204,17 @@ fn list_blocking(cfg: &Config) -> Result<Vec<ScheduleView>, SchedulesError> {
         .into_iter()
         .filter_map(|(id, v)| {
             let v = v?;
-            let last = cursors.get(&id).copied();
+            let cursor = cursors.remove(&id).unwrap_or_default();
+            let last = cursor.last();
+            let (late, dropped) = (cursor.late, cursor.dropped);
             Some(match Schedule::from_json(&v) {
                 Ok((schedule, r)) => ScheduleView {
                     id,
                     next: r.next_after(last.map_or(now, |l| l.max(now))),
                     schedule: Some(schedule),
                     last,
+                    late,
+                    dropped,
                     invalid: None,
                 },
                 Err(e) => ScheduleView {
@@ -214,6 +222,8 @@ fn list_blocking(cfg: &Config) -> Result<Vec<ScheduleView>, SchedulesError> {
                     schedule: None,
                     last,
                     next: None,
+                    late,
+                    dropped,
                     invalid: Some(e.to_string()),
                 },
             })
@@ -232,6 +242,18 @@ pub struct Cursor {
     /// merged: a backfill within them enqueues nothing again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backfilled: Vec<[i64; 2]>,
+    /// Occurrences enqueued after they were missed, since the schedule
+    /// was first seen.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late: u64,
+    /// Occurrences missed and dropped by the misfire policy, since the
+    /// schedule was first seen.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Cursor {
@@ -252,9 +274,12 @@ impl Cursor {
                 _ => backfilled.push(r),
             }
         }
+        // The counts only grow along a schedule's history: the larger is the later.
         Cursor {
             last_ms: self.last_ms.max(other.last_ms),
             backfilled,
+            late: self.late.max(other.late),
+            dropped: self.dropped.max(other.dropped),
         }
     }
 }

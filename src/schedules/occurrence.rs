@@ -22,7 +22,7 @@ pub fn occurrence_id(schedule_id: &str, nominal: DateTime<Utc>) -> JobId {
 pub fn occurrence_job(schedule: &Schedule, nominal: DateTime<Utc>) -> Job {
     let t = &schedule.job;
     let key = match schedule.overlap {
-        Overlap::Queue => schedule.key().to_string(),
+        Overlap::Queue | Overlap::Skip => schedule.key().to_string(),
         Overlap::Parallel => format!("{}@{}", schedule.key(), nominal.timestamp_millis()),
     };
     let mut job = Job::new(t.topic.clone(), key, t.payload.clone().into_bytes())
@@ -31,6 +31,7 @@ pub fn occurrence_job(schedule: &Schedule, nominal: DateTime<Utc>) -> Job {
     job.tenant = t.tenant.clone();
     job.priority = t.priority;
     job.max_attempts = t.max_attempts;
+    job.skip_if_busy = schedule.overlap == Overlap::Skip;
     job.headers = t
         .headers
         .iter()

@@ -224,6 +224,13 @@ fn an_occurrence_job_carries_the_template_and_a_stable_jitter() {
         occurrence_job(&s, nominal).run_at,
         "same delay every time"
     );
+    assert!(!j.skip_if_busy, "queued by default");
+    s.overlap = Overlap::Skip;
+    let skipping = occurrence_job(&s, nominal);
+    assert_eq!(
+        (&skipping.key[..], skipping.skip_if_busy),
+        (&b"nightly"[..], true)
+    );
     s.overlap = Overlap::Parallel;
     let k = String::from_utf8(occurrence_job(&s, nominal).key).unwrap();
     assert_eq!(k, format!("nightly@{}", nominal.timestamp_millis()));
@@ -304,14 +311,19 @@ fn cursors_merge_their_backfilled_ranges_and_keep_the_later_last_occurrence() {
     let a = Cursor {
         last_ms: Some(10),
         backfilled: vec![[0, 5], [20, 30]],
+        late: 3,
+        dropped: 0,
     };
     let b = Cursor {
         last_ms: Some(7),
         backfilled: vec![[6, 8], [25, 40], [50, 60]],
+        late: 1,
+        dropped: 2,
     };
     let m = a.merged(&b);
     assert_eq!(m.last_ms, Some(10));
     assert_eq!(m.backfilled, vec![[0, 8], [20, 40], [50, 60]]);
+    assert_eq!((m.late, m.dropped), (3, 2), "counts only grow");
     assert_eq!(decode_cursor(&serde_json::to_vec(&m).unwrap()), Some(m));
 }
 

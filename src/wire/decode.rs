@@ -115,6 +115,18 @@ impl<'a> Found<'a> {
         }
     }
 
+    /// `kairos-if-busy`: `skip` or `queue` (the default).
+    fn skip_if_busy(&self) -> Result<bool, DecodeError> {
+        match self.nonempty_text(header::IF_BUSY)?.map(str::trim) {
+            None | Some("queue") => Ok(false),
+            Some("skip") => Ok(true),
+            Some(other) => Err(bad(
+                header::IF_BUSY,
+                HeaderProblem::UnknownIfBusy(other.to_string()),
+            )),
+        }
+    }
+
     fn time(&self, name: &'static str) -> Result<Option<DateTime<Utc>>, DecodeError> {
         match self.nonempty_text(name)? {
             None => Ok(None),
@@ -290,6 +302,7 @@ pub fn decode(view: &RecordView<'_>, context: Context, limits: &Limits) -> Resul
         last_error: found.text(header::LAST_ERROR)?.map(str::to_string),
         limit_key: found.limit_key(limits)?,
         parked: found.at_most(header::PARKED, u64::MAX)?,
+        skip_if_busy: found.skip_if_busy()?,
         headers: user_headers,
     }))
 }

@@ -78,6 +78,9 @@ pub(super) fn job_headers(job: &Job, mut put: impl FnMut(&str, Option<&[u8]>)) {
     if let Some(n) = job.parked {
         put(header::PARKED, Some(decimal(n, &mut digits)));
     }
+    if job.skip_if_busy {
+        put(header::IF_BUSY, Some(b"skip"));
+    }
     for (k, v) in &job.headers {
         put(k, v.as_deref());
     }

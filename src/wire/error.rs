@@ -58,6 +58,9 @@ pub enum HeaderProblem {
     /// The priority is not one of the known classes.
     #[error("`{0}` is not one of high, normal, low")]
     UnknownPriority(String),
+    /// `kairos-if-busy` is not one of the known policies.
+    #[error("`{0}` is not one of queue, skip")]
+    UnknownIfBusy(String),
     /// An early-start allowance beyond the longest accepted.
     #[error("`{0}` ms is more than {max} ms (30 days)", max = super::MAX_EARLY_MS)]
     EarlyTooLong(String),

@@ -49,6 +49,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
             proptest::option::of(1u64..=MAX_EARLY_MS),
             proptest::option::of(proptest::collection::vec(any::<u8>(), 1..16)),
             proptest::option::of(1u64..),
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -62,7 +63,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 tenant,
                 err,
                 hdrs,
-                (class, early, limit_key, parked),
+                (class, early, limit_key, parked, skip_if_busy),
             )| Job {
                 id: JobId::new(),
                 key,
@@ -81,6 +82,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 last_error: err,
                 limit_key,
                 parked,
+                skip_if_busy,
                 headers: hdrs
                     .into_iter()
                     // user headers must not use the reserved prefix
@@ -88,6 +90,26 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                     .collect(),
             },
         )
+}
+
+#[test]
+fn if_busy_queues_by_default_skips_when_asked_and_refuses_anything_else() {
+    let skip = |headers| match work(&plain(headers)) {
+        Ok(Command::Schedule(j)) => Ok(j.skip_if_busy),
+        Err(DecodeError::BadHeader { name, problem }) => Err((name, problem)),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(skip(vec![]), Ok(false));
+    assert_eq!(skip(vec![("kairos-if-busy", Some(b"queue"))]), Ok(false));
+    assert_eq!(skip(vec![("kairos-if-busy", Some(b" skip "))]), Ok(true));
+    assert_eq!(
+        skip(vec![("kairos-if-busy", Some(b"drop"))]),
+        Err((header::IF_BUSY, HeaderProblem::UnknownIfBusy("drop".into())))
+    );
+    assert_eq!(
+        skip(vec![("kairos-if-busy", None)]),
+        Err((header::IF_BUSY, HeaderProblem::NoValue))
+    );
 }
 
 #[test]
@@ -403,7 +425,7 @@ fn decimal_writes_every_u64_as_to_string_does() {
 /// of the contract, every operation and every priority, so the fuzzer
 /// reaches their decoding.
 #[test]
-fn the_fuzz_dictionary_names_every_header_op_and_priority() {
+fn the_fuzz_dictionary_names_every_header_and_value_word() {
     let dict = include_str!("../../fuzz/decode_record.dict");
     let entries: Vec<&str> = dict
         .lines()
@@ -425,8 +447,10 @@ fn the_fuzz_dictionary_names_every_header_op_and_priority() {
         "high",
         "normal",
         "low",
+        "queue",
+        "skip",
     ] {
-        // Each decodes as a value somewhere (an op or a priority).
+        // Each decodes as a value somewhere (an op, a priority, an if-busy policy).
         assert!(entries.contains(&word), "{word:?} missing from the dictionary");
     }
 }

@@ -141,6 +141,11 @@ impl<T: Keyed> LockTable<T> {
         dropped
     }
 
+    /// Whether a job of `key` is running or waiting in the table.
+    pub fn busy(&self, key: &[u8]) -> bool {
+        self.keys.contains_key(key)
+    }
+
     /// Jobs buffered, waiting for their key or for a free slot.
     pub fn buffered(&self) -> usize {
         self.buffered
@@ -197,6 +202,7 @@ mod tests {
         let second = t.next_ready().unwrap();
         assert_eq!((first.n, second.n), (1, 3), "a and b run in parallel");
         assert!(t.next_ready().is_none(), "a's second job waits for its first");
+        assert!(t.busy(b"a") && t.busy(b"b") && !t.busy(b"c"));
         t.complete(b"a");
         assert_eq!(t.next_ready().unwrap().n, 2);
     }

@@ -1,6 +1,6 @@
 """Drive the scheduler's dashboard in headless Chromium over the DevTools
-protocol: load the page, wait for it to show /status and /dlq, read what it
-shows (the dead letters' cells as text, and whether any markup from them
+protocol: load the page, wait for it to show /status, /dlq and /schedules,
+read what it shows (the dead letters' and schedules' cells as text, and whether any markup from them
 ran: `document.body.dataset.pwned` is what the test's hostile dead letters
 would set), click "Replay new dead jobs", wait for the answer, save a
 screenshot.
@@ -81,7 +81,8 @@ def main():
         page.call("Page.enable")
         page.call("Page.navigate", url=url)
         wait_for("the page to show /status and /dlq", lambda: page.eval(
-            "document.body && document.body.dataset.loaded === 'status' && document.body.dataset.dead !== undefined"))
+            "document.body && document.body.dataset.loaded === 'status' && document.body.dataset.dead !== undefined"
+            " && document.body.dataset.schedules !== undefined"))
         shown = page.eval("""({
             pending: +document.getElementById('pending').textContent,
             due_now: +document.getElementById('due-now').textContent,
@@ -92,6 +93,8 @@ def main():
             later: document.getElementById('later').textContent,
             dead_cells: [...document.querySelectorAll('#dead-rows tr')].map(r => [...r.cells].map(c => c.textContent)),
             elements_in_rows: document.querySelectorAll('#dead-rows td *').length,
+            schedule_cells: [...document.querySelectorAll('#schedule-rows tr')].map(r => [...r.cells].map(c => c.textContent)),
+            elements_in_schedule_rows: document.querySelectorAll('#schedule-rows td *').length,
         })""")
         # Let any image the rows made finish loading or failing (its error
         # handler, had it been parsed, would have run by then).

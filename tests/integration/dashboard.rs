@@ -4,8 +4,10 @@
 //! `/status` and `/dlq`, its replay button is clicked and the replayed jobs
 //! run; a screenshot is saved (its path is printed). A dead letter's key and
 //! reason are a producer's: the test's carry markup and script, and the page
-//! shows them as text and runs none of it. The endpoint has a token, and a
-//! replay without it, or without the action header, is refused.
+//! shows them as text and runs none of it; so are a recurring schedule's id
+//! and pause note, shown with the schedule's next occurrence as
+//! `/schedules` gives it. The endpoint has a token, and a replay without
+//! it, or without the action header, is refused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use chrono::Utc;
 use kairos::admin::get;
 use kairos::config::AdminConfig;
 use kairos::scheduler::Scheduler;
+use kairos::schedules::{JobTemplate, Schedule, Schedules};
 use kairos::worker::Outcome;
 use kairos::{Job, Producer, Worker};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +29,9 @@ const TOKEN: &str = "s3cret-admin-token";
 /// A key and a dead reason that would run script if the page parsed them.
 const HOSTILE_KEY: &str = r#"doomed-<img src=x onerror="document.body.dataset.pwned='key'">"#;
 const HOSTILE_REASON: &str = r#"not yet <script>document.body.dataset.pwned='script'</script><img src=y onerror="document.body.dataset.pwned='reason'">"#;
+/// A schedule id and a pause note, likewise.
+const HOSTILE_SCHEDULE: &str = r#"report-<img src=z onerror="document.body.dataset.pwned='schedule'">"#;
+const HOSTILE_NOTE: &str = r#"<b onmouseover="document.body.dataset.pwned='note'">until Monday</b>"#;
 
 fn status(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
     let (code, body) = get(addr, path, Some(TOKEN)).expect("GET");
@@ -92,6 +98,30 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
         (d["total"] == 4 && sched.stats().pending == 9).then_some(())
     });
     healed.store(true, Ordering::SeqCst);
+    // Two recurring schedules: one paused with a note, one starting
+    // tomorrow (so none of its occurrences comes during the test).
+    let schedules = Schedules::new(&cfg).unwrap();
+    let start = now + chrono::Duration::days(1);
+    let mut hourly = Schedule::every(
+        "hourly",
+        Duration::from_secs(3600),
+        JobTemplate::new(&work, "tick"),
+    );
+    hourly.start = Some(start);
+    schedules.upsert(&hourly).await.unwrap();
+    let mut paused = Schedule::cron(
+        HOSTILE_SCHEDULE,
+        "0 0 9 * * MON",
+        JobTemplate::new(&work, "report"),
+    );
+    paused.time_zone = "Europe/Paris".into();
+    paused.paused = true;
+    paused.note = Some(HOSTILE_NOTE.into());
+    schedules.upsert(&paused).await.unwrap();
+    let listed = wait_for("/schedules to show both", T, || {
+        let s = status(addr, "/schedules");
+        (s["shown"] == 2).then_some(s)
+    });
 
     // The admin surface: a replay needs the token and the action header,
     // on loopback too; the page is sent with its content policy.
@@ -164,6 +194,34 @@ async fn the_dashboard_shows_what_the_scheduler_holds_and_its_replay_button_brin
         serde_json::Value::Null,
         "script from a dead letter ran: {shown}"
     );
+    // The schedules as /schedules gives them, the hostile ones as text.
+    let rows: Vec<Vec<String>> = serde_json::from_value(shown["schedule_cells"].clone()).unwrap();
+    let row = |id: &str| rows.iter().find(|r| r[0] == id).cloned();
+    let hourly_row = row("hourly").unwrap_or_else(|| panic!("hourly shown: {rows:?}"));
+    let hourly_next = listed["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "hourly")
+        .map(|s| s["next"].as_str().unwrap().to_string())
+        .unwrap();
+    assert_eq!(
+        hourly_next
+            .parse::<chrono::DateTime<Utc>>()
+            .unwrap()
+            .timestamp_millis(),
+        start.timestamp_millis(),
+        "its first occurrence is its start"
+    );
+    assert_eq!(
+        hourly_row[1..4],
+        ["every 1h".to_string(), hourly_next, "–".into()]
+    );
+    let paused_row = row(HOSTILE_SCHEDULE).unwrap_or_else(|| panic!("the paused schedule as text: {rows:?}"));
+    assert_eq!(paused_row[1], "cron 0 0 9 * * MON (Europe/Paris)");
+    assert_eq!(paused_row[2], "–", "a paused schedule has no next occurrence");
+    assert_eq!(paused_row[6], format!("paused: {HOSTILE_NOTE}"));
+    assert_eq!(shown["elements_in_schedule_rows"], 0, "{shown}");
     let bars: Vec<u64> = serde_json::from_value(shown["bars"].clone()).unwrap();
     let timeline: Vec<u64> = serde_json::from_value(st["due_timeline"]["jobs"].clone()).unwrap();
     assert_eq!(bars.len(), 24, "{shown}");

@@ -553,3 +553,72 @@ async fn a_worker_out_of_touch_with_the_coordinator_for_half_its_session_starts_
     );
     assert!(said, "the worker's stats never said it was out of touch");
 }
+
+/// `kairos-if-busy: skip`: a first attempt read while a job of its key runs
+/// is finished without running; one that asks to queue waits its turn, and
+/// a skip-job of an idle key runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_skips_when_its_key_is_busy_is_skipped_while_an_earlier_one_runs() {
+    let broker = Broker::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(broker, dir.path());
+    cfg.worker.concurrency = 4;
+    kairos::topics::init(&cfg).await.unwrap();
+    let work = cfg.topics.work[0].clone();
+    let producer = Producer::new(&cfg).unwrap();
+    let ran: crate::common::Recorded<String> = Default::default();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let (r, g) = (ran.clone(), gate.clone());
+    let sys = run(&cfg, false, move |job: Job, _ctx| {
+        let (ran, gate) = (r.clone(), g.clone());
+        async move {
+            let name = String::from_utf8(job.payload).unwrap();
+            ran.lock().unwrap().push(name.clone());
+            if name == "first" {
+                gate.notified().await;
+            }
+            Outcome::done()
+        }
+    });
+    producer
+        .enqueue(Job::new(&work, "report", b"first".to_vec()))
+        .await
+        .unwrap();
+    wait_for("the first job to start", T, || {
+        (ran.lock().unwrap().len() == 1).then_some(())
+    });
+    let skip = |payload: &str, key: &str| {
+        let mut j = Job::new(&work, key, payload.as_bytes().to_vec());
+        j.skip_if_busy = true;
+        j
+    };
+    enqueue_all(
+        &producer,
+        vec![
+            skip("skipped", "report"),
+            Job::new(&work, "report", b"queued".to_vec()),
+            skip("skipped-too", "report"),
+            skip("idle-key", "other"),
+        ],
+    )
+    .await;
+    wait_for("two jobs skipped and the idle key's run", T, || {
+        let s = sys.worker.stats();
+        (s.skipped == 2 && ran.lock().unwrap().contains(&"idle-key".to_string())).then_some(())
+    });
+    gate.notify_one();
+    wait_for("the queued job to run and offsets to settle", T, || {
+        let s = sys.worker.stats();
+        (s.succeeded == 3 && s.open == 0).then_some(())
+    });
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, ["first", "idle-key", "queued"]);
+    assert_eq!(sys.worker.stats().skipped, 2);
+    sys.stop().await;
+    assert_eq!(
+        crate::common::committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work),
+        5,
+        "skipped jobs are committed like finished ones"
+    );
+}

@@ -81,6 +81,27 @@ async function refreshDead() {
   }
 }
 
+async function refreshSchedules() {
+  try {
+    const s = await getJson("/schedules");
+    set("schedules", s.held === 0 ? "No recurring schedule runs here." :
+      `${s.held} recurring schedules run here (partitions ${s.partitions.join(", ")}); the first ${s.shown} by partition and id:`);
+    const rows = s.schedules.map(r => {
+      const tr = el(null, "tr");
+      const when = r.cron ? `cron ${r.cron} (${r.time_zone})` : `every ${r.every}`;
+      const paused = r.paused ? "paused" + (r.note ? ": " + r.note : "") : "";
+      for (const cell of [r.id, when, r.next ?? "–", r.last ?? "–", r.late, r.dropped, paused]) {
+        tr.appendChild(el(null, "td", {}, cell));
+      }
+      return tr;
+    });
+    document.getElementById("schedule-rows").replaceChildren(...rows);
+    document.body.dataset.schedules = String(s.shown);
+  } catch (e) {
+    set("schedules", "cannot read /schedules: " + e.message);
+  }
+}
+
 document.getElementById("replay").addEventListener("click", async () => {
   const b = document.getElementById("replay");
   b.disabled = true;
@@ -97,6 +118,7 @@ document.getElementById("replay").addEventListener("click", async () => {
   b.disabled = false;
 });
 
-refresh(); refreshDead();
+refresh(); refreshDead(); refreshSchedules();
 setInterval(refresh, 2000);
+setInterval(refreshSchedules, 5000);
 setInterval(refreshDead, 10000);

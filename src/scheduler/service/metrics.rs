@@ -324,6 +324,11 @@ impl Source for SchedulerHandle {
         Some(DASHBOARD)
     }
 
+    /// The first 500 recurring schedules of the partitions running here.
+    fn schedules(&self) -> Result<serde_json::Value, String> {
+        super::recurring::view(&self.shared, 500)
+    }
+
     /// The newest 200 dead letters (read from the partitions' ends, their
     /// payloads dropped), and how many there are.
     fn dead_letters(&self) -> Result<serde_json::Value, String> {

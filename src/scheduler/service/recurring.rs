@@ -101,6 +101,43 @@ impl Recurring {
     }
 }
 
+/// What `GET /schedules` answers: up to `most` schedules of the partitions
+/// that run here (read and running), by partition then id, with their
+/// next and last occurrences and misfire counts; `held` counts them all.
+pub(super) fn view(shared: &Shared, most: usize) -> Result<serde_json::Value, String> {
+    let running: Vec<i32> = {
+        let c = shared.schedules.control.locked();
+        c.owned
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(p, _)| *p)
+            .collect()
+    };
+    let tree = shared.store.side_tree("schedules").map_err(|e| e.to_string())?;
+    let listed = state::listing(&tree, &running, most).map_err(|e| e.to_string())?;
+    let time = |ms: Option<i64>| ms.map(|ms| at(ms).to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let rows: Vec<serde_json::Value> = listed
+        .into_iter()
+        .filter_map(|l| {
+            let (s, _) = Schedule::from_json(&l.kept.value).ok()?;
+            let every = s.every.map(|d| humantime::format_duration(d).to_string());
+            Some(serde_json::json!({
+                "id": l.id, "partition": l.partition, "cron": s.cron, "every": every,
+                "time_zone": s.time_zone, "paused": s.paused, "note": s.note,
+                "misfire": s.misfire, "overlap": s.overlap, "topic": s.job.topic,
+                "next": time(l.kept.next_ms), "last": time(l.cursor.last_ms),
+                "late": l.cursor.late, "dropped": l.cursor.dropped,
+            }))
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "held": shared.schedules.held.load(Ordering::Relaxed),
+        "partitions": running,
+        "shown": rows.len(),
+        "schedules": rows,
+    }))
+}
+
 /// Run until the scheduler stops.
 pub(super) fn run(shared: &Shared) {
     // The topics may be missing (not created yet) or the cluster slow to
@@ -311,8 +348,8 @@ impl<'a> Engine<'a> {
                 .push((wire::encode(&job, &self.shared.cfg.topics.schedule), None));
         }
         let added = Cursor {
-            last_ms: None,
             backfilled: vec![range],
+            ..Cursor::default()
         };
         let c = cursor.merged(&added);
         turn.records
@@ -360,6 +397,8 @@ impl<'a> Engine<'a> {
         if let Some(last) = plan.cursor {
             let mut c = self.state.full_cursor(p, id)?.unwrap_or_default();
             c.last_ms = Some(last.timestamp_millis());
+            c.late += plan.late;
+            c.dropped += plan.dropped;
             turn.records
                 .push((schedules::cursor_record(&self.topics[1], id, Some(&c)), Some(p)));
             turn.cursors.push((p, id.to_string(), c));

@@ -119,6 +119,11 @@ impl Source for WorkerHandle {
             s.handed_to_scheduler,
         )
         .counter(
+            "kairos_worker_skipped",
+            "Jobs not run because a job of their key was running or waiting (kairos-if-busy: skip).",
+            s.skipped,
+        )
+        .counter(
             "kairos_worker_transactions",
             "Exactly-once mode: transactions committed (a commit round's writes and offsets).",
             s.transactions,

@@ -3,6 +3,7 @@
 //! offsets that may be committed, and dead-letters or hands back records
 //! it cannot run (those writes run on the runtime, not on this thread).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use super::offsets::{offset_to_commit, send_or_stage, write_in_background};
 use super::ready::start_ready;
 use super::touch::keep_alive;
 use super::transactions::{self, WorkerTxn};
-use super::{Entry, Shared, Tp, WorkerError};
+use super::{Entry, Shared, Tp, WorkerError, WorkerState};
 
 use crate::job::Job;
 use crate::kafka::TxnError;
@@ -366,6 +367,10 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
                 }
                 continue;
             }
+            if e.job.skip_if_busy && e.job.attempt == 1 && e.instead.is_none() && st.table.busy(&e.job.key) {
+                skip(shared, &mut st, e);
+                continue;
+            }
             st.table.push(e);
         }
         // Handed to the keeper under the lock that gave them their park
@@ -377,6 +382,16 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
         hand_to_scheduler(shared, e.job, e.tp, e.offset);
     }
     shared.dispatch(starts);
+}
+
+/// A first attempt that asks to be skipped while its key is busy (a
+/// recurring schedule's occurrence whose previous one still runs) is
+/// finished without running: nothing is written for it.
+fn skip(shared: &Shared, st: &mut WorkerState, e: Entry) {
+    info!(job_id = %e.job.id, key = %e.job.key_lossy(), partition = e.tp.1, offset = e.offset,
+        "skipped: a job of its key is running or waiting");
+    shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
+    st.finish(e.tp, e.offset, None);
 }
 
 /// A record that does not decode goes to the dead-letter topic with the reason.

@@ -16,6 +16,8 @@ pub(super) struct WorkerCounters {
     pub(super) deferred: AtomicU64,
     pub(super) panicked: AtomicU64,
     pub(super) handed_to_scheduler: AtomicU64,
+    /// First attempts skipped because a job of their key was busy.
+    pub(super) skipped: AtomicU64,
     /// Jobs parked behind a held key (written to the scheduler).
     pub(super) parked: AtomicU64,
     /// Keys not held because `max_held_keys` were.
@@ -65,6 +67,9 @@ pub struct WorkerStats {
     pub panicked: u64,
     /// Jobs read before their run-at and handed to the scheduler.
     pub handed_to_scheduler: u64,
+    /// Jobs not run because a job of their key was running or waiting when
+    /// they were read (`kairos-if-busy: skip`).
+    pub skipped: u64,
     /// Jobs written again with the same attempt, due later (rate limited,
     /// or paced further ahead than the worker waits in memory).
     pub deferred: u64,
@@ -114,6 +119,7 @@ pub(super) fn stats(shared: &Shared) -> WorkerStats {
         dead_lettered: s.dead_lettered.load(Ordering::Relaxed),
         panicked: s.panicked.load(Ordering::Relaxed),
         handed_to_scheduler: s.handed_to_scheduler.load(Ordering::Relaxed),
+        skipped: s.skipped.load(Ordering::Relaxed),
         deferred: s.deferred.load(Ordering::Relaxed),
         parked: s.parked.load(Ordering::Relaxed),
         holds_unreadable: s.holds_unreadable.load(Ordering::Relaxed),

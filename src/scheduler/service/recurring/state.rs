@@ -369,3 +369,40 @@ impl State {
         self.tree.remove(key(b'c', p, id)).map(|_| ())
     }
 }
+
+/// A schedule as held, for the admin endpoint.
+pub(super) struct Listed {
+    pub(super) partition: i32,
+    pub(super) id: String,
+    pub(super) kept: Kept,
+    pub(super) cursor: Cursor,
+}
+
+/// Up to `most` schedules of partitions `parts` held in `tree`, by
+/// partition then id (read from disk, none kept in memory).
+pub(super) fn listing(tree: &sled::Tree, parts: &[i32], most: usize) -> sled::Result<Vec<Listed>> {
+    let mut out = Vec::new();
+    for &p in parts {
+        for kv in tree.scan_prefix(prefix(b'd', p)) {
+            if out.len() >= most {
+                return Ok(out);
+            }
+            let (k, v) = kv?;
+            let Ok(kept) = serde_json::from_slice::<Kept>(&v) else {
+                continue;
+            };
+            let id = String::from_utf8_lossy(&k[5..]).into_owned();
+            let cursor = tree
+                .get(key(b'c', p, &id))?
+                .and_then(|v| crate::schedules::decode_cursor(&v))
+                .unwrap_or_default();
+            out.push(Listed {
+                partition: p,
+                id,
+                kept,
+                cursor,
+            });
+        }
+    }
+    Ok(out)
+}
