@@ -7,11 +7,11 @@ pub const KNOBS: &[(&str, &str, &str)] = &[
     (
         "KAIROS_BENCH_N",
         "all but fair_dispatch's memory case",
-        "jobs per run (or the first numeric argument)",
+        "jobs per run (schedules: schedules held; or the first numeric argument)",
     ),
     (
         "KAIROS_BENCH_ONLY",
-        "scheduler_e2e, fair_dispatch, worker_holds",
+        "scheduler_e2e, fair_dispatch, worker_holds, schedules",
         "run one case (see each bench's doc)",
     ),
     (
@@ -26,12 +26,12 @@ pub const KNOBS: &[(&str, &str, &str)] = &[
     ),
     (
         "KAIROS_BENCH_RATE",
-        "scheduler_e2e",
-        "due jobs per second, or a comma-separated ladder",
+        "scheduler_e2e, schedules",
+        "due jobs per second, or a comma-separated ladder (schedules: one rate)",
     ),
     (
         "KAIROS_BENCH_SECS",
-        "scheduler_e2e",
+        "scheduler_e2e, schedules",
         "seconds of run-ats per lateness run (10)",
     ),
     (
