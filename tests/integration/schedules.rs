@@ -147,7 +147,7 @@ async fn occurrences_fire_once_each_on_time_and_follow_their_definitions() {
 /// A scheduler down for an hour over per-minute schedules: the next one to
 /// own them reads their cursors and applies each misfire policy, firing
 /// the 60 missed occurrences, the latest one, or none, and counting what
-/// it drops.
+/// it drops; down for 30 days, the policy `all` is capped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn occurrences_missed_while_no_scheduler_ran_follow_the_misfire_policy() {
     let SetUp {
@@ -225,6 +225,39 @@ async fn occurrences_missed_while_no_scheduler_ran_follow_the_misfire_policy() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     second.stop().await;
+
+    // Down 30 days, `all` now catching up over 30 days: capped at its
+    // `max_catch_up` (the latest 100), the rest dropped and counted.
+    let mut all = every_minute("all", &work, t1, Misfire::All);
+    all.max_catch_up = 100;
+    all.catch_up = Duration::from_secs(30 * 86_400);
+    schedules.upsert(&all).await.unwrap();
+    clock.set(m(60) + chrono::Duration::days(30) + chrono::Duration::seconds(40));
+    let third = start_with_clock(&cfg, std::sync::Arc::new(clock.clone()));
+    crate::scheduler::wait_owned(&third, 3);
+    let missed: i64 = 30 * 1440;
+    wait_for("the 30 days handled", T, || {
+        let s = third.handle.stats();
+        let dropped = (missed - 100) + (missed - 1) + missed;
+        (s.occurrences == 101 && s.occurrences_dropped == dropped as u64).then_some(())
+    });
+    wait_for("the capped occurrences fired", T, || {
+        (third.handle.stats().fired == 101).then_some(())
+    });
+    let mut want: Vec<JobId> = (missed - 99..=missed)
+        .map(|i| occurrence_id("all", m(60 + i)))
+        .collect();
+    want.push(occurrence_id("latest", m(60 + missed)));
+    let before: std::collections::HashSet<JobId> = got.into_iter().collect();
+    let mut got: Vec<JobId> = fired(&cfg)
+        .iter()
+        .map(|j| j.id)
+        .filter(|id| !before.contains(id))
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "`all`: the latest 100 of 43,200; `latest`: the last");
+    third.stop().await;
 }
 
 /// In exactly-once mode, six schedules fire every second for 45 s while a
