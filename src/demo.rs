@@ -438,7 +438,7 @@ async fn run_on(
     let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
     s.exactly_once = exactly_once::show(&cfg, &producer, &eos_topic, &follow_topic).await?;
     let reports = format!("{work}.reports");
-    s.recurring = recurring::show(&cfg, &reports).await?;
+    s.recurring = recurring::show(&cfg, &reports, sched_admin).await?;
     let ws = wh.stats();
     // The exactly-once worker's topics belong to a group of its own, and
     // the reports are read back by the demo: the operator's view of the

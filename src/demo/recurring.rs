@@ -2,6 +2,7 @@
 //! zone, for three occurrences; each fires once, under the id derived from
 //! the schedule and its time.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::{DurationRound as _, Utc};
@@ -24,11 +25,18 @@ pub struct RecurringSeen {
     pub once: usize,
     /// Fires beyond the first of an occurrence (must be 0).
     pub extra: usize,
+    /// The scheduler's `/schedules` listed the schedule with its last
+    /// occurrence (its cursor) at the final one.
+    pub listed: bool,
 }
 
 /// Define a schedule firing every second for [`OCCURRENCES`] seconds into
 /// `topic`, wait for its occurrences, delete it.
-pub(super) async fn show(cfg: &Config, topic: &str) -> Result<RecurringSeen, DemoError> {
+pub(super) async fn show(
+    cfg: &Config,
+    topic: &str,
+    admin: Option<SocketAddr>,
+) -> Result<RecurringSeen, DemoError> {
     let schedules = Schedules::new(cfg).map_err(failed)?;
     let start = Utc::now()
         .duration_trunc(chrono::Duration::seconds(1))
@@ -82,6 +90,24 @@ pub(super) async fn show(cfg: &Config, topic: &str) -> Result<RecurringSeen, Dem
             format!("fired {} ms after its time", t - at.timestamp_millis())
         });
         println!("              {}  job {id}  {late}", berlin(*at));
+    }
+    if let Some(addr) = admin {
+        let (_, body) = tokio::task::spawn_blocking(move || kairos::admin::get(addr, "/schedules", None))
+            .await
+            .map_err(failed)?
+            .map_err(failed)?;
+        let listed: serde_json::Value = serde_json::from_str(&body).map_err(failed)?;
+        if let Some(row) = listed["schedules"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["id"] == s.id.as_str()))
+        {
+            let last = row["last"].as_str().unwrap_or("-");
+            println!(
+                "              the scheduler's /schedules: last occurrence {last}, late {}, dropped {}",
+                row["late"], row["dropped"]
+            );
+            seen.listed = last.parse::<chrono::DateTime<Utc>>().ok() == want.last().map(|(at, _)| *at);
+        }
     }
     schedules.delete(&s.id).await.map_err(failed)?;
     println!(
