@@ -143,19 +143,29 @@ impl Engine<'_> {
         if did != Defined::Unchanged {
             self.shared.schedules.updates.fetch_add(1, Ordering::Relaxed);
         }
+        // A catch-up reads every definition of the partition again: one
+        // line each only when read live (a take-over of a million
+        // schedules would log a million).
         match did {
-            Defined::Changed => info!(
-                schedule = id,
-                partition = p,
-                offset = m.offset(),
-                "recurring schedule defined"
-            ),
-            Defined::Deleted => info!(
-                schedule = id,
-                partition = p,
-                offset = m.offset(),
-                "recurring schedule deleted"
-            ),
+            Defined::Changed if running => {
+                info!(
+                    schedule = id,
+                    partition = p,
+                    offset = m.offset(),
+                    "recurring schedule defined"
+                )
+            }
+            Defined::Deleted if running => {
+                info!(
+                    schedule = id,
+                    partition = p,
+                    offset = m.offset(),
+                    "recurring schedule deleted"
+                )
+            }
+            Defined::Changed | Defined::Deleted => {
+                debug!(schedule = id, partition = p, offset = m.offset(), change = ?did, "recurring schedule read")
+            }
             Defined::Unchanged => {}
             Defined::Invalid(reason) => {
                 warn!(schedule = id, partition = p, offset = m.offset(), reason = %reason,

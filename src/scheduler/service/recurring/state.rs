@@ -5,8 +5,8 @@
 //! cursors topics whenever it is assigned.
 //!
 //! Keys (partition as 4 big-endian bytes, times as 8, sign bit flipped):
-//! - `d` partition id → the definition record's value, its version, and
-//!   the time it was first seen;
+//! - `d` partition id → the definition record's value, its version, the
+//!   time it was first seen, its floor and next occurrence ([`Kept`]);
 //! - `c` partition id → the cursor (last occurrence handled, ranges
 //!   backfilled; JSON as in the cursors topic);
 //! - `q` partition id → a backfill asked for and not yet done;
@@ -17,12 +17,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeZone as _, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::schedules::{Backfill, Cursor, Recurrence, Schedule};
 
 /// A schedule's definition as kept.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Kept {
     /// The definition record's value (JSON).
     pub(super) value: Vec<u8>,
@@ -33,10 +32,49 @@ pub(super) struct Kept {
     pub(super) since_ms: i64,
     /// No occurrence before this time runs (set when a definition
     /// unpaused it).
-    #[serde(default)]
     pub(super) floor_ms: Option<i64>,
     /// Its next occurrence as indexed, if any.
     pub(super) next_ms: Option<i64>,
+}
+
+impl Kept {
+    /// As stored: version, first seen, a flags byte (floor, next), the
+    /// floor and next if set (8 bytes each, big-endian), then the value.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(33 + self.value.len());
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.since_ms.to_be_bytes());
+        out.push(u8::from(self.floor_ms.is_some()) | (u8::from(self.next_ms.is_some()) << 1));
+        for t in [self.floor_ms, self.next_ms].into_iter().flatten() {
+            out.extend_from_slice(&t.to_be_bytes());
+        }
+        out.extend_from_slice(&self.value);
+        out
+    }
+
+    /// What [`Kept::encode`] wrote (`None` for anything else).
+    pub(super) fn decode(b: &[u8]) -> Option<Kept> {
+        let word = |at: usize| Some(i64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?));
+        let flags = *b.get(16)?;
+        let mut at = 17;
+        let mut take = |set: bool| -> Option<Option<i64>> {
+            if !set {
+                return Some(None);
+            }
+            let t = word(at)?;
+            at += 8;
+            Some(Some(t))
+        };
+        let floor_ms = take(flags & 1 != 0)?;
+        let next_ms = take(flags & 2 != 0)?;
+        Some(Kept {
+            version: word(0)? as u64,
+            since_ms: word(8)?,
+            floor_ms,
+            next_ms,
+            value: b.get(at..)?.to_vec(),
+        })
+    }
 }
 
 /// What a definition record did.
@@ -117,10 +155,7 @@ impl State {
 
     /// Schedule `id`'s definition, if kept.
     pub(super) fn kept(&self, p: i32, id: &str) -> sled::Result<Option<Kept>> {
-        Ok(self
-            .tree
-            .get(key(b'd', p, id))?
-            .and_then(|v| serde_json::from_slice(&v).ok()))
+        Ok(self.tree.get(key(b'd', p, id))?.and_then(|v| Kept::decode(&v)))
     }
 
     /// Schedule `id`'s last occurrence handled, if any.
@@ -291,7 +326,7 @@ impl State {
         if let Some(n) = kept.next_ms {
             self.tree.insert(index_key(p, n, id), &[])?;
         }
-        let v = serde_json::to_vec(kept).expect("serialises");
+        let v = kept.encode();
         self.tree.insert(key(b'd', p, id), v)?;
         Ok(())
     }
@@ -388,7 +423,7 @@ pub(super) fn listing(tree: &sled::Tree, parts: &[i32], most: usize) -> sled::Re
                 return Ok(out);
             }
             let (k, v) = kv?;
-            let Ok(kept) = serde_json::from_slice::<Kept>(&v) else {
+            let Some(kept) = Kept::decode(&v) else {
                 continue;
             };
             let id = String::from_utf8_lossy(&k[5..]).into_owned();

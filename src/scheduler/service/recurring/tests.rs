@@ -1,7 +1,7 @@
 //! The recurring schedules' state on disk (a real sled tree), without a
 //! broker: definitions, versions, pauses, cursors, deletes and refusals.
 
-use super::state::{at, Defined, State};
+use super::state::{at, Defined, Kept, State};
 use crate::schedules::{JobTemplate, Schedule};
 
 fn state() -> (tempfile::TempDir, State) {
@@ -213,4 +213,29 @@ fn the_count_of_schedules_held_follows_defines_deletes_and_clears() {
     drop(s);
     let again = State::new(db.open_tree("schedules").unwrap(), held.clone()).unwrap();
     assert_eq!((n(), again.earliest(1).unwrap()), (0, None));
+}
+
+#[test]
+fn a_kept_definition_round_trips_and_a_short_one_is_refused() {
+    let value = every_minute("a").to_json();
+    for (floor_ms, next_ms) in [
+        (None, None),
+        (Some(-5), None),
+        (None, Some(7)),
+        (Some(1), Some(i64::MAX)),
+    ] {
+        let kept = Kept {
+            value: value.clone(),
+            version: u64::MAX - 1,
+            since_ms: -3,
+            floor_ms,
+            next_ms,
+        };
+        let bytes = kept.encode();
+        assert_eq!(Kept::decode(&bytes), Some(kept.clone()));
+        let fixed = bytes.len() - value.len();
+        for n in 0..fixed {
+            assert_eq!(Kept::decode(&bytes[..n]), None, "cut to {n} bytes");
+        }
+    }
 }
