@@ -328,11 +328,7 @@ async fn in_exactly_once_mode_jobs_fire_once_and_write_their_follow_ups_once_thr
 /// while the cluster elects a controller may still be stored, and the job
 /// sent again is then in its topic twice (each copy fires, once). Those
 /// jobs are named and left out of the count; every other job fires once.
-/// Ignored: in one run of five both schedulers stopped on a transaction
-/// commit in doubt (timed out while the controller moved), and the jobs
-/// waiting stalled; commits are now resumed longer, not yet shown enough.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a scheduler may stop on a commit in doubt during a controller failover (1 of 5 runs)"]
 async fn in_exactly_once_mode_jobs_fire_once_through_the_partition_leader_killed() {
     crash_suite(Mode::ExactlyOnce, Faults::LeaderLoss).await;
 }
