@@ -88,7 +88,8 @@ impl StoredJob {
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
         let mut out = Vec::with_capacity(64 + j.key.len() + j.payload.len() + j.topic.len());
-        let v5 = j.skip_if_busy;
+        let flags = if j.skip_if_busy { FLAG_SKIP_IF_BUSY } else { 0 };
+        let v5 = flags != 0;
         let v4 = v5 || j.parked.is_some_and(|n| n > u64::from(u32::MAX));
         let v3 = v4 || j.limit_key.is_some() || j.parked.is_some();
         let v2 = v3 || j.priority != Priority::Normal || j.early.is_some();
@@ -128,7 +129,7 @@ impl StoredJob {
             }
         }
         if v5 {
-            out.push(if j.skip_if_busy { FLAG_SKIP_IF_BUSY } else { 0 });
+            out.push(flags);
         }
         out
     }

@@ -115,7 +115,7 @@ pub(super) fn view(shared: &Shared, most: usize) -> Result<serde_json::Value, St
     };
     let tree = shared.store.side_tree("schedules").map_err(|e| e.to_string())?;
     let listed = state::listing(&tree, &running, most).map_err(|e| e.to_string())?;
-    let time = |ms: Option<i64>| ms.map(|ms| at(ms).to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let time = |ms: Option<i64>| ms.map(|ms| wire::format_time(at(ms)));
     let rows: Vec<serde_json::Value> = listed
         .into_iter()
         .filter_map(|l| {
