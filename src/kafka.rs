@@ -82,8 +82,14 @@ pub struct Membership<'a> {
     /// How often librdkafka commits the stored offsets by itself
     /// (`auto.commit.interval.ms`). Every commit is a write of the group on
     /// the coordinator: a member that commits on its own cadence keeps this
-    /// long, as a backstop for a commit of its own that failed.
-    pub auto_commit_every: std::time::Duration,
+    /// long, as a backstop for a commit of its own that failed. `None`: the
+    /// member's offsets commit only in its transactions, and librdkafka
+    /// commits nothing by itself (a user's `enable.auto.commit` is
+    /// overridden). Kafka's rule for offsets sent to a transaction: a
+    /// plain commit of the same group's offset may land after the
+    /// transaction's, or before it with a newer offset, and the committed
+    /// offset then moves back once the transaction commits.
+    pub auto_commit_every: Option<std::time::Duration>,
 }
 
 /// Consumer settings for a member of a group: offsets are stored by Kairos
@@ -111,12 +117,11 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
     if let Some(id) = &member.instance_id {
         c.set("group.instance.id", id);
     }
-    c.set("enable.auto.commit", "true");
-    // librdkafka sends nothing when no stored offset moved.
-    c.set(
-        "auto.commit.interval.ms",
-        member.auto_commit_every.as_millis().to_string(),
-    );
+    if let Some(every) = member.auto_commit_every {
+        c.set("enable.auto.commit", "true");
+        // librdkafka sends nothing when no stored offset moved.
+        c.set("auto.commit.interval.ms", every.as_millis().to_string());
+    }
     c.set("enable.auto.offset.store", "false");
     c.set("auto.offset.reset", "earliest");
     c.set("enable.partition.eof", "false");
@@ -131,6 +136,9 @@ pub fn consumer_config(cfg: &KafkaConfig, member: &Membership<'_>, client_id: &s
     c.set("fetch.queue.backoff.ms", "10");
     apply(&mut c, cfg.client.iter());
     apply(&mut c, cfg.consumer.iter());
+    if member.auto_commit_every.is_none() {
+        c.set("enable.auto.commit", "false");
+    }
     c
 }
 
@@ -457,7 +465,7 @@ mod tests {
             group: "g",
             session_timeout: std::time::Duration::from_secs(10),
             instance_id: Some("i-1".into()),
-            auto_commit_every: std::time::Duration::from_millis(100),
+            auto_commit_every: Some(std::time::Duration::from_millis(100)),
         };
         let c = consumer_config(&cfg, &member, "c");
         assert_eq!(c.get("auto.offset.reset"), Some("latest"));
@@ -484,6 +492,32 @@ mod tests {
         assert_eq!(c.get("group.protocol"), Some("consumer"));
         assert_eq!(c.get("session.timeout.ms"), None, "the broker's, under KIP-848");
         assert_eq!(c.get("partition.assignment.strategy"), None);
+    }
+
+    #[test]
+    fn a_member_committing_in_transactions_never_commits_by_itself() {
+        let mut cfg = KafkaConfig::default();
+        cfg.consumer.insert("enable.auto.commit".into(), "true".into());
+        let member = Membership {
+            group: "g",
+            session_timeout: std::time::Duration::from_secs(10),
+            instance_id: None,
+            auto_commit_every: None,
+        };
+        let c = consumer_config(&cfg, &member, "c");
+        assert_eq!(
+            c.get("enable.auto.commit"),
+            Some("false"),
+            "over the user's setting"
+        );
+        assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
+        let member = Membership {
+            auto_commit_every: Some(std::time::Duration::from_secs(1)),
+            ..member
+        };
+        let c = consumer_config(&cfg, &member, "c");
+        assert_eq!(c.get("enable.auto.commit"), Some("true"));
+        assert_eq!(c.get("auto.commit.interval.ms"), Some("1000"));
     }
 
     #[test]

@@ -14,9 +14,7 @@
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use tracing::{info, warn};
 
 use super::Shared;
@@ -111,10 +109,7 @@ impl Draining {
         if let Some(t) = &shared.kafka.txn {
             t.revoked(parts);
         }
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => warn!(error = %e, "commit on revocation failed"),
-        }
+        shared.commit_stored(consumer, "on revocation");
         info!(partitions = ?parts, "schedule partitions released");
     }
 }

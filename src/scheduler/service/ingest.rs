@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
@@ -125,10 +125,7 @@ pub(super) fn ingest_loop(shared: &Arc<Shared>) -> Result<(), SchedulerError> {
         return Ok(());
     };
     shared.store_offsets(&consumer);
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => warn!(error = %e, "final commit failed"),
-    }
+    shared.commit_stored(&consumer, "at the end");
     consumer.unsubscribe();
     // Serve the revocation callback so the group moves our partitions now.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -186,7 +183,9 @@ fn subscribed(shared: &Arc<Shared>) -> Result<BaseConsumer<SchedulerContext>, Sc
         session_timeout: cfg.scheduler.session_timeout,
         instance_id: shared.kafka.instance_id.clone(),
         // What a crash re-reads is what was stored since the last commit.
-        auto_commit_every: Duration::from_millis(100),
+        // In exactly-once mode only transactions commit (a plain commit
+        // racing one could move the offset back below fired jobs).
+        auto_commit_every: shared.kafka.txn.is_none().then_some(Duration::from_millis(100)),
     };
     let consumer: BaseConsumer<SchedulerContext> = kafka::consumer(
         &cfg.kafka,

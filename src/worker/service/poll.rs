@@ -143,7 +143,8 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         instance_id: None,
         // The worker commits every `commit_interval` itself (`store_offsets`);
         // librdkafka's timer only commits again what a failed commit left.
-        auto_commit_every: Duration::from_secs(1),
+        // In exactly-once mode only transactions commit.
+        auto_commit_every: txn.is_none().then_some(Duration::from_secs(1)),
     };
     let consumer: Arc<BaseConsumer<WorkerContext>> = Arc::new(kafka::consumer(
         &shared.cfg.kafka,
