@@ -27,6 +27,7 @@ mod held;
 mod operator;
 mod recurring;
 mod sample;
+mod summary;
 
 pub use exactly_once::ExactlyOnceSeen;
 pub use fair::TenantWaits;
@@ -460,40 +461,15 @@ async fn run_on(
             .unwrap_or(0)
     };
     s.lateness_ms = (pct(0.5), pct(0.99), late.last().copied().unwrap_or(0));
-    println!(
-        "\nsummary    {} jobs written: {} done, {} dead-lettered, {} retries\n           \
-         {} lost, {} ran early, {} keys out of order, {} same-key overlaps (the worker's lock table)\n           \
-         delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
-         {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
-         held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
-         exactly once: {} of {} jobs' follow-ups read back once, {} more than once\n           \
-         recurring: {} of {} occurrences fired once, {} more than once\n           \
-         worker: {} runs started, {} partitions owned at the end",
-        s.written,
-        s.done,
-        s.dead,
-        s.retries,
-        expected.saturating_sub(finished.len()),
-        s.early,
-        s.out_of_order,
-        s.overlaps,
-        s.lateness_ms.0,
-        s.lateness_ms.1,
-        s.lateness_ms.2,
-        s.cancelled,
-        ran_cancelled,
-        s.rescheduled,
-        moved_runs.len(),
-        s.changes_ignored - ran_cancelled,
-        s.held_key,
-        s.exactly_once.once,
-        s.exactly_once.jobs,
-        s.exactly_once.extra,
-        s.recurring.once,
-        s.recurring.occurrences,
-        s.recurring.extra,
-        ws.started,
-        ws.owned
+    summary::print(
+        &s,
+        summary::Tally {
+            lost: expected.saturating_sub(finished.len()),
+            ran_cancelled,
+            moved_ran: moved_runs.len(),
+            started: ws.started,
+            owned: ws.owned,
+        },
     );
     if finished.len() != expected
         || s.early > 0

@@ -28,6 +28,7 @@
 
 mod apply;
 mod batch;
+mod commits;
 mod direct;
 mod dispatch;
 mod draining;
@@ -55,13 +56,10 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
-use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::clock::SharedClock;
 use crate::config::Config;
@@ -166,36 +164,6 @@ impl Shared {
         self.signals.fatal.locked().get_or_insert(what);
         self.signals.stop.cancel();
         self.signals.wake.notify_one();
-    }
-
-    /// Hand every partition's committable offset that moved to what commits
-    /// it: the next transaction in exactly-once mode, else the consumer.
-    fn store_offsets<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
-        for (p, offset) in self.jobs.offsets_to_store() {
-            // librdkafka commits one past the stored offset.
-            if let Some(t) = &self.kafka.txn {
-                t.stored(p, offset + 1);
-                continue;
-            }
-            if let Err(e) = consumer.store_offset(&self.cfg.topics.schedule, p, offset) {
-                // The partition was revoked meanwhile: its next owner
-                // re-reads these records and applies them again
-                // (idempotent by job id).
-                debug!(partition = p, error = %e, "offset not stored");
-            }
-        }
-    }
-
-    /// Commit the offsets stored, now (`when`: for the log), unless only
-    /// transactions commit them (exactly-once mode).
-    fn commit_stored<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, when: &str) {
-        if self.kafka.txn.is_some() {
-            return;
-        }
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => warn!(error = %e, "commit {when} failed"),
-        }
     }
 }
 
