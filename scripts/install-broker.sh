@@ -10,7 +10,7 @@
 # from Debian's packages when missing.
 #
 # No Maven here but a Kafka cluster running? Skip this script and point the
-# tests at it: KAIROS_TEST_BROKERS=host:9092 (see README, "Tests").
+# tests at it: KAIROS_TEST_BROKERS=host:9092 (see docs/testing.md).
 set -euo pipefail
 
 VERSION=4.1.1

@@ -36,7 +36,7 @@ command -v docker-compose
 python3 -c "import confluent_kafka" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'confluent-kafka==2.16.*'
 python3 -c "import confluent_kafka; print('confluent-kafka', confluent_kafka.version())"
-# The README's kcat line is run by the tests.
+# The kcat line of docs/producers.md is run by the tests.
 command -v kcat >/dev/null || apt_install kcat
 kcat -V 2>&1 | head -1
 # The dashboard test drives Debian's Chromium over the DevTools protocol.
@@ -91,9 +91,18 @@ else
   # against the jars; both are left out, and said so.
   echo "left out without Kafka's jars: tests/crash.rs and the tests of the Java client (names with 'java')"
   timeout --kill-after=30s 40m cargo test --lib --bins --locked \
-    --test integration --test fair --test keys --test worker_processes --test modules -- --skip java
+    --test integration --test fair --test keys --test worker_processes --test modules --test links -- --skip java
 fi
 timeout --kill-after=30s 10m cargo test --doc --locked
+
+step "package"
+# The crate as `cargo publish` would upload it (Cargo.toml's include list)
+# builds on its own, and carries no tests, benches or scripts.
+timeout --kill-after=30s 20m cargo package --locked --allow-dirty --quiet
+if cargo package --list --locked --allow-dirty 2>/dev/null | grep -E '^(tests|benches|fuzz|scripts)/'; then
+  echo "the package carries test or bench files"; exit 1
+fi
+echo "cargo package: $(cargo package --list --locked --allow-dirty 2>/dev/null | wc -l) files"
 
 step "fuzz"
 # Record decoding and config parsing, 20 s per target from the seed corpus

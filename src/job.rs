@@ -154,8 +154,8 @@ impl FromStr for JobId {
 pub type HeaderList = Vec<(String, Option<Vec<u8>>)>;
 
 /// A job's priority class on a fairly dispatched topic: `High` jobs are
-/// released before `Normal` ones, `Normal` before `Low` (see the README's
-/// fair dispatch).
+/// released before `Normal` ones, `Normal` before `Low` (see docs/fair-dispatch.md,
+/// priorities).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]

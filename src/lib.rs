@@ -52,6 +52,11 @@ pub mod worker;
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The Rust examples of `docs/recurring-schedules.md`, as doc tests.
+#[doc = include_str!("../docs/recurring-schedules.md")]
+#[cfg(doctest)]
+pub struct RecurringSchedulesDoctests;
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError};
 pub use job::{Job, JobId, Priority};

@@ -8,7 +8,7 @@
 //! At the end an independent checker reads the work topic, the dead-letter
 //! topic and the handlers' event log, and counts lost, early, out-of-order
 //! and duplicated jobs and same-key overlaps. Lost, early, out-of-order and
-//! overlapping must be zero; duplicates are counted (the README says where
+//! overlapping must be zero; duplicates are counted (RELIABILITY.md says where
 //! they come from).
 //!
 //! The suite runs six times: on a plain work topic; on a fair topic

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
-/// Fair dispatch (see the README's "Fair dispatch"). Every job of a fair
+/// Fair dispatch (see docs/fair-dispatch.md). Every job of a fair
 /// topic goes through the scheduler, due now or later; the scheduler
 /// releases due jobs only while the topic's backlog (jobs written and not
 /// yet committed by the worker group) is below `backlog_target`, and picks

@@ -278,9 +278,8 @@ fn definitions_round_trip_and_bad_ones_say_why() {
 }
 
 #[test]
-fn the_readme_definition_is_a_valid_one() {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Recurring schedules").expect("the section")..];
+fn the_documented_definition_is_a_valid_one() {
+    let section = include_str!("../../docs/recurring-schedules.md");
     let start = section.find("```json\n").expect("a JSON block") + 8;
     let end = start + section[start..].find("```").expect("its end");
     let (s, _) = Schedule::from_json(&section.as_bytes()[start..end]).unwrap();

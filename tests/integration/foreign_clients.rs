@@ -2,9 +2,9 @@
 //! and from Java's kafka-clients, using only the documented headers, fire
 //! on time, in order per key, into a Rust worker; a malformed one is
 //! dead-lettered and a Python consumer reads the dead letter with its
-//! reason; the README's kcat line schedules a job; and Kairos, Python,
+//! reason; the kcat line of docs/producers.md schedules a job; and Kairos, Python,
 //! Java and kcat put each key on the same partition; a transactional
-//! producer's jobs fire once committed, never when aborted. The README's
+//! producer's jobs fire once committed, never when aborted. The docs'
 //! Python and Java examples are the code these tests run.
 
 use std::collections::{HashMap, HashSet};
@@ -166,7 +166,7 @@ async fn foreign_jobs(client: Client) {
     sys.stop().await;
 }
 
-/// The README's kcat command, on this test's broker and topics, with a
+/// The kcat command of docs/producers.md, on this test's broker and topics, with a
 /// run-at two seconds ahead: the job runs then, its id derived from where
 /// the record sits (it names none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +177,7 @@ async fn the_readme_kcat_line_schedules_a_job() {
     kairos::topics::init(&cfg).await.unwrap();
     let (runs, sys) = recording(&cfg);
     let at = kairos::job::truncate_to_millis(Utc::now() + chrono::Duration::seconds(2));
-    let line = readme_block("### With a command-line Kafka tool (kcat)", "sh")
+    let line = doc_block(PRODUCERS, "## With a command-line Kafka tool (kcat)", "sh")
         .replace("localhost:9092", &cfg.kafka.brokers)
         .replace("kairos.schedule", &cfg.topics.schedule)
         .replace("kairos.jobs", &cfg.topics.work[0])
@@ -209,7 +209,7 @@ async fn the_readme_kcat_line_schedules_a_job() {
     assert!(*started >= at, "ran early");
 }
 
-/// Kairos's producer, the README's Python and Java producers and its kcat
+/// Kairos's producer, the Python and Java producers of docs/producers.md and its kcat
 /// flags write 200 keys to a topic of 12 partitions: each key's four
 /// records are on one partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,14 +304,26 @@ async fn jobs_written_in_kafka_transactions_fire_once_committed_and_never_when_a
     sys.stop().await;
 }
 
-/// The README's Python and Java examples are the marked parts of the
+/// The Python and Java examples of the docs are the marked parts of the
 /// clients the tests run.
 #[test]
-fn the_readme_shows_the_python_and_java_code_the_tests_run() {
-    for (file, marker, heading, lang) in [
-        (PYTHON, "README", "### Scheduling a job from Python", "python"),
-        (PYTHON, "README-schedules", "## Recurring schedules", "python"),
-        (JAVA, "README", "### Scheduling a job from Java", "java"),
+fn the_docs_show_the_python_and_java_code_the_tests_run() {
+    for (file, marker, doc, heading, lang) in [
+        (
+            PYTHON,
+            "README",
+            PRODUCERS,
+            "## Scheduling a job from Python",
+            "python",
+        ),
+        (
+            PYTHON,
+            "README-schedules",
+            SCHEDULES,
+            "# Recurring schedules",
+            "python",
+        ),
+        (JAVA, "README", PRODUCERS, "## Scheduling a job from Java", "java"),
     ] {
         let source = std::fs::read_to_string(file).unwrap();
         let lines: Vec<&str> = source
@@ -320,7 +332,7 @@ fn the_readme_shows_the_python_and_java_code_the_tests_run() {
             .skip(1)
             .take_while(|l| !l.contains(&format!("{marker}:end")))
             .collect();
-        // As the README shows it: without the indentation it has in its class.
+        // As the docs show it: without the indentation it has in its class.
         let indent = lines
             .iter()
             .filter(|l| !l.trim().is_empty())
@@ -331,27 +343,34 @@ fn the_readme_shows_the_python_and_java_code_the_tests_run() {
             .iter()
             .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
             .collect();
-        assert!(marked.lines().count() > 5, "{file} marks its README part");
-        let block = readme_block(heading, lang);
+        assert!(marked.lines().count() > 5, "{file} marks its part of the docs");
+        let block = doc_block(doc, heading, lang);
         assert!(
             block.contains(marked.trim_matches('\n')),
-            "the README's {lang} example under {heading:?} is not the marked part of {file}"
+            "the {lang} example under {heading:?} in {doc} is not the marked part of {file}"
         );
     }
 }
 
-/// The first fenced `lang` block after `heading` in the README.
-fn readme_block(heading: &str, lang: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let after = &readme[readme
-        .find(heading)
-        .unwrap_or_else(|| panic!("README has {heading:?}"))..];
+/// Where the docs show other Kafka clients writing jobs.
+const PRODUCERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/producers.md");
+/// Where the docs show recurring schedules.
+const SCHEDULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/recurring-schedules.md");
+
+/// The first fenced `lang` block after the line `heading` in the markdown file `doc`.
+fn doc_block(doc: &str, heading: &str, lang: &str) -> String {
+    let text = std::fs::read_to_string(doc).unwrap();
+    let at = text
+        .find(&format!("\n{heading}\n"))
+        .or_else(|| text.starts_with(&format!("{heading}\n")).then_some(0))
+        .unwrap_or_else(|| panic!("{doc} has {heading:?}"));
+    let after = &text[at..];
     let start = after.find(&format!("```{lang}\n")).expect("a code block") + lang.len() + 4;
     let end = after[start..].find("```").expect("the block's end");
     after[start..start + end].to_string()
 }
 
-/// A recurring schedule defined from Python (the README's `define`): its
+/// A recurring schedule defined from Python (docs/recurring-schedules.md's `define`): its
 /// occurrences fire once each, at their times, under the ids Python
 /// computes with `occurrence_id`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

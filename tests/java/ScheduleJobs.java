@@ -1,6 +1,6 @@
 // A Kairos client in Java, using only the documented wire contract and the
 // official Kafka client (org.apache.kafka:kafka-clients). The part between
-// the README markers is the README's Java example; the tests run this file.
+// the README markers is the Java example of docs/producers.md; the tests run this file.
 //
 //   java -cp 'KAFKA_LIBS/*' ScheduleJobs.java jobs BROKERS SCHEDULE_TOPIC WORK_TOPIC N KEYS DELAY_MS
 //       Schedules N jobs over KEYS keys, due DELAY_MS from now (each key's

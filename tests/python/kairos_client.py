@@ -1,10 +1,11 @@
 """A Kairos client in Python, using only the documented wire contract. The
-part between the README markers is the README's Python example.
+part between the README markers is the Python example of docs/producers.md
+(and between the README-schedules markers, of docs/recurring-schedules.md).
 
     python3 kairos_client.py produce BROKERS SCHEDULE_TOPIC WORK_TOPIC N KEYS DELAY_MS
         Schedules N jobs over KEYS keys, due DELAY_MS from now (each key's jobs
         50 ms apart, in order), through the schedule topic, with the headers the
-        README documents. Prints one line per job: "ID KEY SEQ RUN_AT_MS".
+        wire contract documents. Prints one line per job: "ID KEY SEQ RUN_AT_MS".
         Also writes one malformed job (garbage run-at) and prints "BAD ID".
 
     python3 kairos_client.py keys BROKERS TOPIC KEY...

@@ -56,6 +56,10 @@ async function refresh() {
     set("late-p50", s.fire_lateness_ms.p50_at_most ?? "–");
     set("late-p99", s.fire_lateness_ms.p99_at_most ?? "–");
     drawTimeline(s.due_timeline);
+    const fair = Object.entries(s.fair || {});
+    set("tenants", fair.length === 0
+      ? "No fair topics: jobs are released in run-at order, not per tenant."
+      : fair.map(([topic, f]) => `${topic}: ${f.tenants_waiting} tenants waiting, ${f.backlog ?? "–"} jobs released and not yet done`).join(" · "));
     document.body.dataset.loaded = "status";
   } catch (e) {
     set("who", "cannot read /status: " + e.message);

@@ -3,7 +3,7 @@
 //! (New York's 2025 spring-forward and fall-back, Lord Howe's 30-minute
 //! shifts, São Paulo's missing midnight of 2018-11-04, Berlin). The walker
 //! knows nothing of croner: it reads each minute's wall time from
-//! chrono-tz and applies the rules the README states.
+//! chrono-tz and applies the rules docs/recurring-schedules.md states.
 
 use std::str::FromStr as _;
 
