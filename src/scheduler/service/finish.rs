@@ -415,6 +415,9 @@ async fn in_transaction<'a>(
         Err(e) => {
             if e.fatal {
                 shared.fail(format!("firing in a transaction: {e}"));
+            } else if !e.not_owned.is_empty() {
+                // Put back, until the partitions are let go.
+                debug!(jobs = done.len(), partitions = ?e.not_owned, "fire round refused: partitions not owned");
             } else {
                 warn!(jobs = done.len(), error = %e, "fire round aborted; will retry");
             }

@@ -267,7 +267,7 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
             // The group generation the next transactions commit offsets in
             // (a rebalance that only took partitions away moves it too).
             if let Some(t) = &shared.kafka.txn {
-                t.set_group(consumer.group_metadata());
+                t.refresh_group(consumer.group_metadata());
             }
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.

@@ -4,7 +4,7 @@
 use tracing::warn;
 
 use super::batch::PartitionBatch;
-use super::transactions::{Applying, Committed};
+use super::transactions::{Applying, Committed, Pending};
 use super::{SchedulerError, Shared};
 
 use crate::hash::HashMap;
@@ -12,6 +12,7 @@ use crate::kafka;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Applied, Change, PartitionWrite};
 use crate::wire::OwnedRecord;
+use rdkafka::producer::future_producer::Delivery;
 
 /// Write the batch's changelog records and dead letters (acknowledged by
 /// Kafka), then apply its changes to the store and flush it. Returns what
@@ -44,10 +45,19 @@ pub(super) fn persist(
     // records until this batch's store write is done.
     let (delivered, applying) = send_all_retrying(shared, &sends)?;
     let mut changelog_next: HashMap<i32, i64> = HashMap::default();
+    // Partitions whose records were left out (exactly once: no longer
+    // owned): nothing of them goes to the store either.
+    let mut left_out: crate::hash::HashSet<i32> = Default::default();
     for ((p, rec), d) in sends.iter().zip(&delivered) {
-        if let (Some(p), true) = (p, rec.topic == cfg.topics.changelog) {
-            let e = changelog_next.entry(*p).or_insert(0);
-            *e = (*e).max(d.offset + 1);
+        match (p, d) {
+            (Some(p), None) => {
+                left_out.insert(*p);
+            }
+            (Some(p), Some(d)) if rec.topic == cfg.topics.changelog => {
+                let e = changelog_next.entry(*p).or_insert(0);
+                *e = (*e).max(d.offset + 1);
+            }
+            _ => {}
         }
     }
     if let Some(a) = &applying {
@@ -61,7 +71,7 @@ pub(super) fn persist(
     let writes: Vec<PartitionWrite> = parts
         .iter()
         .filter(|(p, pb)| !pb.changes.is_empty() || changelog_next.contains_key(p))
-        .filter(|(p, _)| owned_or_log(&owned, **p))
+        .filter(|(p, _)| !left_out.contains(*p) && owned_or_log(&owned, **p))
         .map(|(p, pb)| PartitionWrite {
             changelog_next: changelog_next.get(p).copied(),
             schedule_next: pb.schedule_next,
@@ -93,31 +103,25 @@ pub(super) fn owned_or_log(owned: &crate::hash::HashSet<i32>, p: i32) -> bool {
 /// Send records and wait for every acknowledgement, retrying the failed ones
 /// (the writes are idempotent by job id) until they succeed or the scheduler
 /// stops. Records pinned to a partition are retried from the first failure
-/// on, in their order.
+/// on, in their order. Each record's acknowledgement; `None` for those of
+/// a partition no longer owned, left out in exactly-once mode.
 pub(super) fn send_all_retrying<'a>(
     shared: &'a Shared,
     records: &[(Option<i32>, &OwnedRecord)],
-) -> Result<
-    (
-        Vec<rdkafka::producer::future_producer::Delivery>,
-        Option<Applying<'a>>,
-    ),
-    SchedulerError,
-> {
+) -> Result<(Vec<Option<Delivery>>, Option<Applying<'a>>), SchedulerError> {
     if records.is_empty() {
         return Ok((Vec::new(), None));
     }
     if let Some(txn) = &shared.kafka.txn {
-        let committed = send_in_transactions(shared, txn, records)?;
-        return Ok((committed.acks, Some(txn.applying(committed.pending))));
+        let (acks, pending) = send_in_transactions(shared, txn, records)?;
+        return Ok((acks, Some(txn.applying(pending))));
     }
-    let mut out: Vec<Option<rdkafka::producer::future_producer::Delivery>> =
-        (0..records.len()).map(|_| None).collect();
+    let mut out: Vec<Option<Delivery>> = (0..records.len()).map(|_| None).collect();
     let mut delay = kafka::RetryDelay::new();
     loop {
         let pending: Vec<usize> = (0..records.len()).filter(|i| out[*i].is_none()).collect();
         if pending.is_empty() {
-            return Ok((out.into_iter().map(|d| d.expect("all delivered")).collect(), None));
+            return Ok((out, None));
         }
         // Handed to librdkafka under the changelog order lock, so that the
         // finisher's tombstones and these records keep one order (see
@@ -154,21 +158,45 @@ pub(super) fn send_all_retrying<'a>(
 }
 
 /// Exactly once: write the records in one transaction, again until one
-/// commits (or the scheduler stops, or the producer fails for good).
+/// commits (or the scheduler stops, or the producer fails for good). The
+/// records of partitions no longer owned are left out (their next owner
+/// reads their schedule records again; no transaction of this instance
+/// commits for them): their acknowledgement is `None`.
 fn send_in_transactions(
     shared: &Shared,
     txn: &super::transactions::Transactions,
     records: &[(Option<i32>, &OwnedRecord)],
-) -> Result<Committed, SchedulerError> {
+) -> Result<(Vec<Option<Delivery>>, Pending), SchedulerError> {
+    let mut left_out: Vec<i32> = Vec::new();
     loop {
-        let owned = records.iter().map(|(p, r)| ((*r).clone(), *p)).collect();
+        let kept: Vec<usize> = (0..records.len())
+            .filter(|i| records[*i].0.is_none_or(|p| !left_out.contains(&p)))
+            .collect();
+        let mut out: Vec<Option<Delivery>> = (0..records.len()).map(|_| None).collect();
+        if kept.is_empty() {
+            return Ok((out, Pending::none()));
+        }
+        let owned = kept
+            .iter()
+            .map(|i| (records[*i].1.clone(), records[*i].0))
+            .collect();
         // Submitted under the changelog order lock, as `send_all_retrying`.
         let answer = {
             let _order = shared.kafka.changelog_order.blocking_lock();
             txn.submit(owned)
         };
         match answer.wait_blocking() {
-            Ok(committed) => return Ok(committed),
+            Ok(Committed { acks, pending }) => {
+                for (i, d) in kept.into_iter().zip(acks) {
+                    out[i] = Some(d);
+                }
+                return Ok((out, pending));
+            }
+            Err(e) if !e.not_owned.is_empty() => {
+                warn!(partitions = ?e.not_owned, "schedule partitions no longer owned: their records are left to their next owner");
+                left_out.extend(e.not_owned);
+                continue;
+            }
             Err(e) if !e.fatal => warn!(error = %e, "transaction aborted; writing again"),
             Err(e) => return Err(SchedulerError::Fatal(format!("writing in a transaction: {e}"))),
         }

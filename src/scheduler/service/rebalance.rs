@@ -36,8 +36,16 @@ impl ConsumerContext for SchedulerContext {
         // already (cooperative assignment revokes after joining it): the
         // transactions that finish the partitions' work commit with it.
         // Ingest, which otherwise keeps it current, waits for this callback.
+        // A lost assignment (the session expired) may be another member's
+        // already: nothing more commits for it.
         if let Some(t) = &self.shared.kafka.txn {
-            t.set_group(consumer.group_metadata());
+            match consumer.assignment_lost() {
+                true => {
+                    warn!(partitions = ?parts, "schedule partitions lost with the group session; their work in flight is not committed");
+                    t.lost(&parts);
+                }
+                false => t.set_group(consumer.group_metadata()),
+            }
         }
         self.shared.schedules.revoke(&parts);
         Draining::revoke(&self.shared, parts, consumer);

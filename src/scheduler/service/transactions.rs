@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::producer::future_producer::Delivery;
-use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
 use super::SchedulerError;
@@ -33,6 +32,9 @@ use crate::hash::HashMap;
 use crate::kafka::{self, Transactional, TxnError};
 use crate::sync::Lock;
 use crate::wire::OwnedRecord;
+use fence::Fence;
+
+mod fence;
 
 /// Most records one transaction takes from the submissions waiting (a
 /// submission is never split).
@@ -46,6 +48,11 @@ pub(super) struct NotCommitted {
     pub(super) fatal: bool,
     /// What happened.
     pub(super) reason: String,
+    /// The schedule partitions the submission wrote for that this instance
+    /// does not own now (let go, or lost with its group membership): no
+    /// transaction commits for them, so the writer leaves them to their
+    /// next owner instead of writing again.
+    pub(super) not_owned: Vec<i32>,
 }
 
 /// The answer to a submission.
@@ -64,6 +71,13 @@ pub(super) struct Committed {
 /// [`Applying`] is dropped.
 pub(super) struct Pending {
     firsts: Vec<(i32, i64)>,
+}
+
+impl Pending {
+    /// A submission with no changelog record committed.
+    pub(super) fn none() -> Pending {
+        Pending { firsts: Vec::new() }
+    }
 }
 
 /// A committed submission whose store write is under way: holds other
@@ -110,6 +124,7 @@ impl NotCommitted {
         NotCommitted {
             fatal: true,
             reason: "the transaction thread is gone".into(),
+            not_owned: Vec::new(),
         }
     }
 }
@@ -118,16 +133,6 @@ impl NotCommitted {
 struct Submission {
     records: Vec<(OwnedRecord, Option<i32>)>,
     reply: tokio::sync::oneshot::Sender<Outcome>,
-}
-
-/// What the commit of offsets needs, kept up to date by ingest.
-#[derive(Default)]
-struct Fence {
-    /// The ingest consumer's group generation (taken anew at every rebalance).
-    group: Option<Arc<ConsumerGroupMetadata>>,
-    /// Per owned partition, the next schedule offset to read once
-    /// everything stored is committed.
-    offsets: HashMap<i32, i64>,
 }
 
 /// Changelog records committed whose effect is not yet in the store, per
@@ -176,6 +181,7 @@ impl Transactions {
             unapplied: unapplied.clone(),
             schedule: cfg.topics.schedule.clone(),
             changelog: cfg.topics.changelog.clone(),
+            pinned: [cfg.topics.changelog.clone(), cfg.topics.schedule_cursors.clone()],
         };
         std::thread::Builder::new()
             .name("kairos-txn".into())
@@ -197,21 +203,34 @@ impl Transactions {
         Answer(answer)
     }
 
-    /// The ingest consumer's current group generation.
+    /// The ingest consumer's current group generation, at a rebalance.
     pub(super) fn set_group(&self, group: Option<ConsumerGroupMetadata>) {
-        self.fence.locked().group = group.map(Arc::new);
+        self.fence.locked().set_group(group);
+    }
+
+    /// The ingest consumer's current group generation, as ingest polls:
+    /// taken only while the instance is a member (after a lost assignment
+    /// the consumer rejoins, and its metadata names no member until the
+    /// next assignment).
+    pub(super) fn refresh_group(&self, group: Option<ConsumerGroupMetadata>) {
+        self.fence.locked().refresh_group(group);
+    }
+
+    /// The assignment was lost (the group session expired): `parts` may be
+    /// another member's already, and nothing more commits for them, nor
+    /// with this membership.
+    pub(super) fn lost(&self, parts: &[i32]) {
+        self.fence.locked().lost(parts);
     }
 
     /// Partition `p` is owned, read from `next` on.
     pub(super) fn assigned(&self, p: i32, next: i64) {
-        self.fence.locked().offsets.insert(p, next);
+        self.fence.locked().assigned(p, next);
     }
 
     /// Partition `p`'s records below `next` are handled (stored for commit).
     pub(super) fn stored(&self, p: i32, next: i64) {
-        if let Some(o) = self.fence.locked().offsets.get_mut(&p) {
-            *o = (*o).max(next);
-        }
+        self.fence.locked().stored(p, next);
     }
 
     /// How far partition `p`'s store checkpoint may say the changelog is
@@ -266,10 +285,7 @@ impl Transactions {
 
     /// Partitions `parts` are no longer owned.
     pub(super) fn revoked(&self, parts: &[i32]) {
-        let f = &mut *self.fence.locked();
-        for p in parts {
-            f.offsets.remove(p);
-        }
+        self.fence.locked().revoked(parts);
     }
 }
 
@@ -280,6 +296,9 @@ struct Thread {
     unapplied: Arc<Mutex<Unapplied>>,
     schedule: String,
     changelog: String,
+    /// The topics whose records are pinned to a schedule partition's
+    /// number (the changelog and the cursors).
+    pinned: [String; 2],
 }
 
 impl Thread {
@@ -307,11 +326,30 @@ impl Thread {
                 let why = NotCommitted {
                     fatal: true,
                     reason: reason.clone(),
+                    not_owned: Vec::new(),
                 };
                 answer(subs, &why);
                 continue;
             }
-            match round(&self.producers[which], &subs, &self.fence, &self.schedule) {
+            subs = self.refuse_not_owned(subs);
+            if subs.is_empty() {
+                continue;
+            }
+            // Checked again when the offsets are added: the partitions may
+            // be lost while the records are written.
+            let mut needed: Vec<i32> = subs
+                .iter()
+                .flat_map(|s| fence::written_for(&s.records, &self.pinned))
+                .collect();
+            needed.sort_unstable();
+            needed.dedup();
+            let mut not_owned = Vec::new();
+            let fenced = Fenced {
+                fence: &self.fence,
+                topic: &self.schedule,
+                needed: &needed,
+            };
+            match round(&self.producers[which], &subs, &fenced, &mut not_owned) {
                 Ok(acks) => {
                     for (s, a) in subs.into_iter().zip(acks) {
                         let committed = self.note_unapplied(&s.records, a);
@@ -334,10 +372,39 @@ impl Thread {
                             Err(again) => broken = Some(format!("{reason}; making it anew: {again}")),
                         }
                     }
-                    answer(subs, &NotCommitted { fatal, reason });
+                    answer(
+                        subs,
+                        &NotCommitted {
+                            fatal,
+                            reason,
+                            not_owned,
+                        },
+                    );
                 }
             }
         }
+    }
+
+    /// The submissions that may go into a transaction now; the others
+    /// (writing for partitions not owned, see [`Fence::not_owned`]) are
+    /// answered at once, nothing of them written.
+    fn refuse_not_owned(&self, subs: Vec<Submission>) -> Vec<Submission> {
+        let f = self.fence.locked();
+        let mut ok = Vec::with_capacity(subs.len());
+        for s in subs {
+            let not_owned = f.not_owned(&s.records, &self.pinned);
+            if not_owned.is_empty() {
+                ok.push(s);
+                continue;
+            }
+            debug!(partitions = ?not_owned, "records for partitions not owned refused");
+            let _ = s.reply.send(Err(NotCommitted {
+                fatal: false,
+                reason: format!("schedule partitions {not_owned:?} are not owned here now"),
+                not_owned,
+            }));
+        }
+        ok
     }
 
     /// Note a committed submission's changelog records as not yet applied
@@ -375,15 +442,15 @@ fn answer(subs: Vec<Submission>, why: &NotCommitted) {
 fn round(
     producer: &Transactional,
     subs: &[Submission],
-    fence: &Mutex<Fence>,
-    topic: &str,
+    fenced: &Fenced<'_>,
+    not_owned: &mut Vec<i32>,
 ) -> Result<Vec<Vec<Delivery>>, TxnError> {
     let started = Instant::now();
     let mut took = [Duration::ZERO; 3];
     producer.begin()?;
     let written = write(producer, subs).and_then(|acks| {
         took[0] = started.elapsed();
-        commit_offsets(producer, fence, topic)?;
+        commit_offsets(producer, fenced, not_owned)?;
         took[1] = started.elapsed();
         producer.commit()?;
         took[2] = started.elapsed();
@@ -442,26 +509,37 @@ fn write(producer: &Transactional, subs: &[Submission]) -> Result<Vec<Vec<Delive
     }
 }
 
+/// What a transaction's offsets come from.
+struct Fenced<'a> {
+    fence: &'a Mutex<Fence>,
+    /// The schedule topic.
+    topic: &'a str,
+    /// The partitions the transaction's records write for.
+    needed: &'a [i32],
+}
+
 /// Add the owned partitions' offsets to the transaction, with the group
-/// generation they were read in. Nothing owned (or no generation yet):
-/// nothing to add.
-fn commit_offsets(producer: &Transactional, fence: &Mutex<Fence>, topic: &str) -> Result<(), TxnError> {
-    let (tpl, group) = {
-        let f = fence.locked();
-        let Some(group) = f.group.clone() else {
-            return Ok(());
-        };
-        let mut tpl = TopicPartitionList::new();
-        for (p, next) in &f.offsets {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(*next))
-                .map_err(TxnError::Abortable)?;
+/// generation they were read in (see [`Fence::to_send`]); abortable, with
+/// `not_owned` set, when a partition its records write for is no longer
+/// owned (lost or let go since the submissions were let in): without its
+/// offset the transaction would commit unfenced.
+fn commit_offsets(
+    producer: &Transactional,
+    fenced: &Fenced<'_>,
+    not_owned: &mut Vec<i32>,
+) -> Result<(), TxnError> {
+    let to_send = {
+        let f = fenced.fence.locked();
+        *not_owned = f.missing(fenced.needed);
+        if !not_owned.is_empty() {
+            return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
         }
-        (tpl, group)
+        f.to_send(fenced.topic).map_err(TxnError::Abortable)?
     };
-    if tpl.count() == 0 {
-        return Ok(());
+    match to_send {
+        Some((tpl, group)) => producer.send_offsets(&tpl, &group),
+        None => Ok(()),
     }
-    producer.send_offsets(&tpl, &group)
 }
 
 /// How long [`Transactions`]' writers back off after an abort.

@@ -51,7 +51,14 @@ impl ConsumerContext for WorkerContext {
                 .iter()
                 .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
                 .collect();
-            release(&self.shared, consumer, self.txn.as_deref(), &tps);
+            // A lost assignment (the session expired) may be another
+            // member's already: in exactly-once mode nothing of it commits.
+            let txn = match (self.txn.as_deref(), consumer.assignment_lost()) {
+                (Some(_), true) => Committer::Lost,
+                (Some(t), false) => Committer::Transactions(t),
+                (None, _) => Committer::Consumer,
+            };
+            release(&self.shared, consumer, txn, &tps);
         }
     }
 
@@ -86,14 +93,25 @@ impl ConsumerContext for WorkerContext {
     }
 }
 
+/// What commits the work of partitions let go.
+pub(super) enum Committer<'a> {
+    /// The consumer (at-least-once mode).
+    Consumer,
+    /// A transaction with the jobs' writes (exactly-once mode).
+    Transactions(&'a WorkerTxn),
+    /// Nothing: exactly-once mode, and the partitions were lost with the
+    /// group session (another member may own them already). Their finished
+    /// jobs' writes are dropped and the jobs run again on the next owner.
+    Lost,
+}
+
 /// Let go of partitions: drop their buffered jobs, cancel their running
 /// handlers, wait for them up to the revocation deadline, commit what is
-/// finished (in exactly-once mode, in a transaction with its writes),
-/// forget them.
+/// finished (see [`Committer`]), forget them.
 pub(super) fn release(
     shared: &Shared,
     consumer: &BaseConsumer<WorkerContext>,
-    txn: Option<&WorkerTxn>,
+    txn: Committer<'_>,
     tps: &[Tp],
 ) {
     let deadline = Instant::now() + shared.cfg.worker.revocation_deadline;
@@ -109,13 +127,15 @@ pub(super) fn release(
     let round = shared.jobs.let_go(tps);
     match txn {
         _ if round.points.is_empty() => {}
-        Some(txn) => match txn.commit(shared, consumer, &round) {
+        Committer::Lost => warn!(partitions = ?tps, records = round.record_count(),
+            "work partitions lost with the group session: nothing of them commits; the jobs finished since the last commit run again elsewhere"),
+        Committer::Transactions(txn) => match txn.commit(shared, consumer, &round) {
             Ok(()) => {}
             Err(TxnError::Abortable(e)) => warn!(error = %e,
                 "transaction on release aborted; the jobs finished since the last commit run again elsewhere"),
             Err(e) => shared.fail(format!("worker transactions: {e}")),
         },
-        None => {
+        Committer::Consumer => {
             let mut tpl = TopicPartitionList::new();
             for point in round.points {
                 offset_to_commit(shared, &mut tpl, point);
@@ -242,7 +262,11 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         warn!("the keep-alive thread panicked");
     }
     let owned = shared.jobs.owned();
-    release(shared, &consumer, txn.as_deref(), &owned);
+    let committer = match txn.as_deref() {
+        Some(t) => Committer::Transactions(t),
+        None => Committer::Consumer,
+    };
+    release(shared, &consumer, committer, &owned);
     consumer.unsubscribe();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {
