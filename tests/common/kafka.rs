@@ -34,6 +34,11 @@ pub const KAFKA_VERSION: &str = "4.1.1";
 /// directories and ports.
 const CLUSTER_ID: &str = "5L6g3nShT-eMCtK--X86sw";
 
+/// The one user of the brokers' SASL listener (mechanism PLAIN).
+pub const SASL_USER: &str = "kairos";
+/// Its password.
+pub const SASL_PASSWORD: &str = "kairos-test-secret";
+
 /// The broker's own logging: INFO to the node's `broker.log`.
 const LOG4J2: &str = "\
 status = error
@@ -80,6 +85,8 @@ struct Node {
     id: usize,
     port: u16,
     controller_port: u16,
+    /// A listener that authenticates clients (SASL_PLAINTEXT, PLAIN).
+    sasl_port: u16,
     /// server.properties, broker.log and data/.
     dir: PathBuf,
     /// `None` while killed.
@@ -172,6 +179,7 @@ impl Broker {
                 id: i + 1,
                 port: free_port(),
                 controller_port: free_port(),
+                sasl_port: free_port(),
                 dir: root.join(format!("node-{}", i + 1)),
                 process: None,
             })
@@ -239,6 +247,20 @@ impl Broker {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// `host:port,...` of the listener that authenticates clients with
+    /// SASL (PLAIN, as [`SASL_USER`]); `None` for a cluster not ours.
+    pub fn sasl_bootstrap(&self) -> Option<String> {
+        if self.external.is_some() {
+            return None;
+        }
+        let all: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.sasl_port))
+            .collect();
+        Some(all.join(","))
     }
 
     /// What the broker is, for a benchmark's or a test's report: "Apache
@@ -442,11 +464,13 @@ fn properties(nd: &Node, n: usize, voters: &str) -> String {
 process.roles=broker,controller
 node.id={id}
 controller.quorum.voters={voters}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport},SASL_PLAINTEXT://127.0.0.1:{sport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";
 log.dirs={data}
 auto.create.topics.enable=false
 num.partitions=1
@@ -472,6 +496,9 @@ log.cleaner.backoff.ms=1000
         id = nd.id,
         port = nd.port,
         cport = nd.controller_port,
+        sport = nd.sasl_port,
+        user = SASL_USER,
+        password = SASL_PASSWORD,
         data = nd.dir.join("data").display(),
     )
 }

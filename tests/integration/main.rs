@@ -22,6 +22,7 @@ mod first_contact;
 mod foreign_clients;
 mod scheduler;
 mod schedules;
+mod security;
 mod store_faults;
 mod worker;
 mod worker_exactly_once;
