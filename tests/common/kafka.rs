@@ -39,6 +39,9 @@ pub const SASL_USER: &str = "kairos";
 /// Its password.
 pub const SASL_PASSWORD: &str = "kairos-test-secret";
 
+/// The password of the brokers' TLS key store.
+const TLS_STORE_PASSWORD: &str = "kairos-test-store";
+
 /// The broker's own logging: INFO to the node's `broker.log`.
 const LOG4J2: &str = "\
 status = error
@@ -87,6 +90,8 @@ struct Node {
     controller_port: u16,
     /// A listener that authenticates clients (SASL_PLAINTEXT, PLAIN).
     sasl_port: u16,
+    /// A listener that encrypts (TLS; the certificate in [`Broker::tls`]).
+    tls_port: u16,
     /// server.properties, broker.log and data/.
     dir: PathBuf,
     /// `None` while killed.
@@ -116,6 +121,8 @@ pub struct Broker {
     external: Option<String>,
     /// Removed on drop when the broker made it itself.
     _root: Option<tempfile::TempDir>,
+    /// The certificate of the TLS listeners, for clients to trust.
+    ca: Option<PathBuf>,
 }
 
 impl Broker {
@@ -132,6 +139,7 @@ impl Broker {
                     nodes: Vec::new(),
                     external: Some(b),
                     _root: None,
+                    ca: None,
                 };
             }
             let root = tempfile::Builder::new()
@@ -180,6 +188,7 @@ impl Broker {
                 port: free_port(),
                 controller_port: free_port(),
                 sasl_port: free_port(),
+                tls_port: free_port(),
                 dir: root.join(format!("node-{}", i + 1)),
                 process: None,
             })
@@ -189,10 +198,14 @@ impl Broker {
             .map(|nd| format!("{}@127.0.0.1:{}", nd.id, nd.controller_port))
             .collect::<Vec<_>>()
             .join(",");
+        let (store, ca) = tls_material(&root);
         for nd in &nodes {
             std::fs::create_dir_all(nd.dir.join("data")).expect("node dir");
-            std::fs::write(nd.dir.join("server.properties"), properties(nd, n, &voters))
-                .expect("server.properties");
+            std::fs::write(
+                nd.dir.join("server.properties"),
+                properties(nd, n, &voters, &store),
+            )
+            .expect("server.properties");
             std::fs::write(nd.dir.join("log4j2.properties"), LOG4J2).expect("log4j2.properties");
         }
         // Format every node's log directory (one JVM each, side by side).
@@ -230,6 +243,7 @@ impl Broker {
             nodes,
             external: None,
             _root: None,
+            ca: Some(ca),
         };
         for i in 0..n {
             b.wait_ready(i, Duration::from_secs(60));
@@ -261,6 +275,18 @@ impl Broker {
             .map(|n| format!("127.0.0.1:{}", n.sasl_port))
             .collect();
         Some(all.join(","))
+    }
+
+    /// `host:port,...` of the TLS listener and the certificate file to
+    /// trust (`ssl.ca.location`); `None` for a cluster not ours.
+    pub fn tls(&self) -> Option<(String, PathBuf)> {
+        let ca = self.ca.clone()?;
+        let all: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.tls_port))
+            .collect();
+        Some((all.join(","), ca))
     }
 
     /// What the broker is, for a benchmark's or a test's report: "Apache
@@ -456,19 +482,84 @@ fn spawn(nd: &Node, cleanup: Option<&Path>) -> Process {
     Process { child, lifeline }
 }
 
+/// A key store for the brokers' TLS listeners (a self-signed certificate
+/// for 127.0.0.1, valid two days) and that certificate in PEM for clients
+/// to trust, made in `root` with the JDK's keytool.
+fn tls_material(root: &Path) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(root).expect("broker root");
+    let (store, ca) = (root.join("broker.p12"), root.join("ca.pem"));
+    let keytool = std::env::var_os("JAVA_HOME")
+        .map(|h| PathBuf::from(h).join("bin/keytool"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("keytool"));
+    let pw = TLS_STORE_PASSWORD;
+    let make: [&[&str]; 2] = [
+        &[
+            "-genkeypair",
+            "-alias",
+            "broker",
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-validity",
+            "2",
+            "-dname",
+            "CN=127.0.0.1",
+            "-ext",
+            "SAN=IP:127.0.0.1",
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            pw,
+            "-keypass",
+            pw,
+            "-noprompt",
+            "-keystore",
+        ],
+        &[
+            "-exportcert",
+            "-rfc",
+            "-alias",
+            "broker",
+            "-storepass",
+            pw,
+            "-file",
+        ],
+    ];
+    for (args, last) in make.iter().zip([&store, &ca]) {
+        let mut c = Command::new(&keytool);
+        c.args(*args).arg(last);
+        if last == &ca {
+            c.arg("-keystore").arg(&store);
+        }
+        let out = c.output().expect("run keytool (a JDK 17+ is needed)");
+        assert!(
+            out.status.success(),
+            "keytool: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (store, ca)
+}
+
 /// `server.properties` of node `nd` in a cluster of `n` nodes.
-fn properties(nd: &Node, n: usize, voters: &str) -> String {
+fn properties(nd: &Node, n: usize, voters: &str, store: &Path) -> String {
     let min_isr = n.min(2);
     format!(
         "\
 process.roles=broker,controller
 node.id={id}
 controller.quorum.voters={voters}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport},SASL_PLAINTEXT://127.0.0.1:{sport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport},SASL_PLAINTEXT://127.0.0.1:{sport},SSL://127.0.0.1:{tport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport},SSL://127.0.0.1:{tport}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
+listener.name.ssl.ssl.keystore.type=PKCS12
+listener.name.ssl.ssl.keystore.location={store}
+listener.name.ssl.ssl.keystore.password={pw}
+listener.name.ssl.ssl.key.password={pw}
 sasl.enabled.mechanisms=PLAIN
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}=\"{password}\";
 log.dirs={data}
@@ -497,6 +588,9 @@ log.cleaner.backoff.ms=1000
         port = nd.port,
         cport = nd.controller_port,
         sport = nd.sasl_port,
+        tport = nd.tls_port,
+        store = store.display(),
+        pw = TLS_STORE_PASSWORD,
         user = SASL_USER,
         password = SASL_PASSWORD,
         data = nd.dir.join("data").display(),
