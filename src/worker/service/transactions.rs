@@ -89,6 +89,14 @@ impl WorkerTxn {
             if tpl.count() == 0 {
                 return Ok(());
             }
+            // librdkafka marks the assignment lost (a session expired, the
+            // member fenced) before the poll thread hears of it; the group
+            // metadata may then name no member and no generation, which the
+            // broker does not check for a member without an instance id.
+            if consumer.assignment_lost() {
+                debug!("assignment lost: the round is not committed");
+                return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
+            }
             let Some(group) = consumer.group_metadata() else {
                 return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
             };
