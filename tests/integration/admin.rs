@@ -48,6 +48,11 @@ async fn the_scheduler_and_the_worker_report_their_work_on_their_admin_endpoints
     let mut cfg = config(broker, dir.path());
     cfg.scheduler.admin = local();
     cfg.worker.admin = local();
+    // A fair topic (no jobs on it), so that the fair-dispatch metrics the
+    // dashboard queries are served.
+    let fair = format!("{}.fair", cfg.topics.work[0]);
+    cfg.topics.work.push(fair.clone());
+    cfg.fair.topics = vec![fair];
     kairos::topics::init(&cfg).await.unwrap();
     let stop = CancellationToken::new();
     let scheduler = Scheduler::builder(&cfg).build().unwrap();
