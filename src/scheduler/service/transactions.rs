@@ -28,13 +28,15 @@ use rdkafka::producer::future_producer::Delivery;
 use tracing::{debug, warn};
 
 use super::SchedulerError;
-use crate::hash::HashMap;
 use crate::kafka::{self, Transactional, TxnError};
 use crate::sync::Lock;
 use crate::wire::OwnedRecord;
 use fence::Fence;
+use unapplied::Unapplied;
+pub(super) use unapplied::{Applying, Pending};
 
 mod fence;
+mod unapplied;
 
 /// Most records one transaction takes from the submissions waiting (a
 /// submission is never split).
@@ -64,41 +66,6 @@ pub(super) struct Committed {
     pub(super) acks: Vec<Delivery>,
     /// Its changelog records, not yet applied to the store.
     pub(super) pending: Pending,
-}
-
-/// Per changelog partition, the offset of a committed submission's first
-/// record there: noted as not yet applied to the store until its
-/// [`Applying`] is dropped.
-pub(super) struct Pending {
-    firsts: Vec<(i32, i64)>,
-}
-
-impl Pending {
-    /// A submission with no changelog record committed.
-    pub(super) fn none() -> Pending {
-        Pending { firsts: Vec::new() }
-    }
-}
-
-/// A committed submission whose store write is under way: holds other
-/// writers' checkpoints back ([`Transactions::applicable`]) until dropped,
-/// once the write is done (or given up).
-pub(super) struct Applying<'a> {
-    txn: &'a Transactions,
-    pending: Pending,
-}
-
-impl Applying<'_> {
-    /// How far partition `p`'s checkpoint may go, for records here ending before `next`.
-    pub(super) fn applicable(&self, p: i32, next: i64) -> i64 {
-        self.txn.applicable(&self.pending, p, next)
-    }
-}
-
-impl Drop for Applying<'_> {
-    fn drop(&mut self) {
-        self.txn.applied(&self.pending);
-    }
 }
 
 /// The coming answer to a submission.
@@ -134,14 +101,6 @@ struct Submission {
     records: Vec<(OwnedRecord, Option<i32>)>,
     reply: tokio::sync::oneshot::Sender<Outcome>,
 }
-
-/// Changelog records committed whose effect is not yet in the store, per
-/// partition: the first offset of each submission's records there (a
-/// multiset). Writers commit in one order and write the store in another
-/// (rounds and apply lanes run side by side), and a store checkpoint past
-/// a committed tombstone whose delete is not yet written would, after a
-/// crash, fire that job again (the catch-up starts after its tombstone).
-type Unapplied = HashMap<i32, std::collections::BTreeMap<i64, usize>>;
 
 /// The scheduler's transactional writes (see the module doc).
 pub(super) struct Transactions {
@@ -233,56 +192,6 @@ impl Transactions {
         self.fence.locked().stored(p, next);
     }
 
-    /// How far partition `p`'s store checkpoint may say the changelog is
-    /// applied, by the writer of `pending` whose own records end before
-    /// `next`: not past the first record of another committed submission
-    /// whose store write is not done.
-    fn applicable(&self, pending: &Pending, p: i32, next: i64) -> i64 {
-        let own = pending.firsts.iter().find(|(q, _)| *q == p).map(|(_, o)| *o);
-        let u = self.unapplied.locked();
-        let Some(firsts) = u.get(&p) else {
-            return next;
-        };
-        let mut skip_own = own;
-        for (first, n) in firsts {
-            let others = match skip_own {
-                Some(o) if o == *first => {
-                    skip_own = None;
-                    n - 1
-                }
-                _ => *n,
-            };
-            if others > 0 {
-                return next.min(*first);
-            }
-        }
-        next
-    }
-
-    /// A committed submission's store write begins: see [`Applying`].
-    pub(super) fn applying(&self, pending: Pending) -> Applying<'_> {
-        Applying { txn: self, pending }
-    }
-
-    /// `pending`'s store write is done (or given up): its records no
-    /// longer hold other writers' checkpoints back.
-    fn applied(&self, pending: &Pending) {
-        let u = &mut *self.unapplied.locked();
-        for (p, first) in &pending.firsts {
-            if let Some(firsts) = u.get_mut(p) {
-                if let Some(n) = firsts.get_mut(first) {
-                    *n -= 1;
-                    if *n == 0 {
-                        firsts.remove(first);
-                    }
-                }
-                if firsts.is_empty() {
-                    u.remove(p);
-                }
-            }
-        }
-    }
-
     /// Partitions `parts` are no longer owned.
     pub(super) fn revoked(&self, parts: &[i32]) {
         self.fence.locked().revoked(parts);
@@ -331,18 +240,12 @@ impl Thread {
                 answer(subs, &why);
                 continue;
             }
-            subs = self.refuse_not_owned(subs);
+            // Checked again when the offsets are added: the partitions may
+            // be lost while the records are written.
+            let (subs, needed) = self.refuse_not_owned(subs);
             if subs.is_empty() {
                 continue;
             }
-            // Checked again when the offsets are added: the partitions may
-            // be lost while the records are written.
-            let mut needed: Vec<i32> = subs
-                .iter()
-                .flat_map(|s| fence::written_for(&s.records, &self.pinned))
-                .collect();
-            needed.sort_unstable();
-            needed.dedup();
             let mut not_owned = Vec::new();
             let fenced = Fenced {
                 fence: &self.fence,
@@ -385,15 +288,19 @@ impl Thread {
         }
     }
 
-    /// The submissions that may go into a transaction now; the others
-    /// (writing for partitions not owned, see [`Fence::not_owned`]) are
+    /// The submissions that may go into a transaction now, and the
+    /// partitions they write for ([`fence::written_for`]); the others
+    /// (writing for a partition not owned, see [`Fence::missing`]) are
     /// answered at once, nothing of them written.
-    fn refuse_not_owned(&self, subs: Vec<Submission>) -> Vec<Submission> {
+    fn refuse_not_owned(&self, subs: Vec<Submission>) -> (Vec<Submission>, Vec<i32>) {
         let f = self.fence.locked();
         let mut ok = Vec::with_capacity(subs.len());
+        let mut needed = Vec::new();
         for s in subs {
-            let not_owned = f.not_owned(&s.records, &self.pinned);
+            let parts = fence::written_for(&s.records, &self.pinned);
+            let not_owned = f.missing(&parts);
             if not_owned.is_empty() {
+                needed.extend(parts);
                 ok.push(s);
                 continue;
             }
@@ -404,30 +311,16 @@ impl Thread {
                 not_owned,
             }));
         }
-        ok
+        needed.sort_unstable();
+        needed.dedup();
+        (ok, needed)
     }
 
     /// Note a committed submission's changelog records as not yet applied
     /// (before its writer hears of the commit).
     fn note_unapplied(&self, records: &[(OwnedRecord, Option<i32>)], acks: Vec<Delivery>) -> Committed {
-        let mut firsts: Vec<(i32, i64)> = Vec::new();
-        for ((r, _), d) in records.iter().zip(&acks) {
-            if r.topic != self.changelog {
-                continue;
-            }
-            match firsts.iter_mut().find(|(p, _)| *p == d.partition) {
-                Some((_, o)) => *o = (*o).min(d.offset),
-                None => firsts.push((d.partition, d.offset)),
-            }
-        }
-        let u = &mut *self.unapplied.locked();
-        for (p, o) in &firsts {
-            *u.entry(*p).or_default().entry(*o).or_default() += 1;
-        }
-        Committed {
-            acks,
-            pending: Pending { firsts },
-        }
+        let pending = unapplied::note(&self.unapplied, &self.changelog, records, &acks);
+        Committed { acks, pending }
     }
 }
 

@@ -67,18 +67,12 @@ impl Fence {
         }
     }
 
-    /// The partitions `records` write for (the partitions of their records
-    /// in the `pinned` topics, the changelog and the cursors, which mirror
-    /// the schedule partitions) that no transaction may commit for now: not
+    /// Of `partitions` (those a transaction's records write for, see
+    /// [`written_for`]), the ones no transaction may commit for now: not
     /// owned, or owned with no group generation to fence the commit with.
     /// A transaction whose offsets named none of its partitions would
     /// commit unfenced: a scheduler that lost its partitions (its session
     /// expired) could then write records for jobs their new owner handles.
-    pub(super) fn not_owned(&self, records: &[(OwnedRecord, Option<i32>)], pinned: &[String; 2]) -> Vec<i32> {
-        self.missing(&written_for(records, pinned))
-    }
-
-    /// Of `partitions`, those no transaction may commit for now.
     pub(super) fn missing(&self, partitions: &[i32]) -> Vec<i32> {
         partitions
             .iter()
@@ -90,7 +84,7 @@ impl Fence {
     /// The owned partitions' offsets in `topic` and the group generation
     /// to commit them with; `None` when nothing is owned or no generation
     /// is known (a transaction then carries no offsets, and
-    /// [`Fence::not_owned`] let no partition's records into it).
+    /// [`Fence::missing`] let no partition's records into it).
     pub(super) fn to_send(
         &self,
         topic: &str,
@@ -110,7 +104,8 @@ impl Fence {
 }
 
 /// The partitions `records` write for: those of their records in the
-/// `pinned` topics, sorted, once each.
+/// `pinned` topics (the changelog and the cursors, which mirror the
+/// schedule partitions), sorted, once each.
 pub(super) fn written_for(records: &[(OwnedRecord, Option<i32>)], pinned: &[String; 2]) -> Vec<i32> {
     let mut out: Vec<i32> = records
         .iter()
@@ -162,23 +157,27 @@ mod tests {
             (record("work"), None),
             (record("dead"), None),
         ];
-        assert_eq!(f.not_owned(&records, &pinned()), vec![1, 2], "nothing owned yet");
+        assert_eq!(
+            f.missing(&written_for(&records, &pinned())),
+            vec![1, 2],
+            "nothing owned yet"
+        );
         f.assigned(1, 10);
         f.assigned(2, 20);
         assert_eq!(
-            f.not_owned(&records, &pinned()),
+            f.missing(&written_for(&records, &pinned())),
             vec![1, 2],
             "owned, no generation"
         );
         f.set_group(Some(metadata()));
-        assert!(f.not_owned(&records, &pinned()).is_empty());
+        assert!(f.missing(&written_for(&records, &pinned())).is_empty());
         let (tpl, _) = f.to_send("schedule").unwrap().expect("offsets to send");
         assert_eq!(tpl.count(), 2);
         f.revoked(&[2]);
-        assert_eq!(f.not_owned(&records, &pinned()), vec![2], "let go");
+        assert_eq!(f.missing(&written_for(&records, &pinned())), vec![2], "let go");
         let unpinned = vec![(record("work"), None), (record("dead"), None)];
         assert!(
-            f.not_owned(&unpinned, &pinned()).is_empty(),
+            f.missing(&written_for(&unpinned, &pinned())).is_empty(),
             "records placed by key"
         );
     }
@@ -191,7 +190,7 @@ mod tests {
         f.set_group(Some(metadata()));
         f.lost(&[0, 1]);
         let records = vec![(record("changelog"), Some(0))];
-        assert_eq!(f.not_owned(&records, &pinned()), vec![0]);
+        assert_eq!(f.missing(&written_for(&records, &pinned())), vec![0]);
         assert_eq!(f.missing(&[0, 1]), vec![0, 1], "checked again at the commit");
         assert!(
             f.to_send("schedule").unwrap().is_none(),
@@ -201,11 +200,11 @@ mod tests {
         f.refresh_group(Some(metadata()));
         f.assigned(0, 5);
         assert_eq!(
-            f.not_owned(&records, &pinned()),
+            f.missing(&written_for(&records, &pinned())),
             vec![0],
             "no generation until assigned"
         );
         f.set_group(Some(metadata()));
-        assert!(f.not_owned(&records, &pinned()).is_empty());
+        assert!(f.missing(&written_for(&records, &pinned())).is_empty());
     }
 }
