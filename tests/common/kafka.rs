@@ -420,14 +420,18 @@ impl Drop for Broker {
     }
 }
 
+/// A JDK tool (`java`, `keytool`): `JAVA_HOME`'s, else the one on the path.
+fn jdk_tool(name: &str) -> PathBuf {
+    std::env::var_os("JAVA_HOME")
+        .map(|h| PathBuf::from(h).join("bin").join(name))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
 /// `java` with the broker's JVM settings (Kafka's own performance options,
 /// a small heap) and its jars, for node `nd`.
 fn java(nd: &Node) -> Command {
-    let java = std::env::var_os("JAVA_HOME")
-        .map(|h| PathBuf::from(h).join("bin/java"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from("java"));
-    let mut c = Command::new(java);
+    let mut c = Command::new(jdk_tool("java"));
     c.args(["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20"])
         .args([
             "-XX:InitiatingHeapOccupancyPercent=35",
@@ -488,52 +492,32 @@ fn spawn(nd: &Node, cleanup: Option<&Path>) -> Process {
 fn tls_material(root: &Path) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(root).expect("broker root");
     let (store, ca) = (root.join("broker.p12"), root.join("ca.pem"));
-    let keytool = std::env::var_os("JAVA_HOME")
-        .map(|h| PathBuf::from(h).join("bin/keytool"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from("keytool"));
     let pw = TLS_STORE_PASSWORD;
-    let make: [&[&str]; 2] = [
-        &[
-            "-genkeypair",
-            "-alias",
-            "broker",
-            "-keyalg",
-            "RSA",
-            "-keysize",
-            "2048",
-            "-validity",
-            "2",
-            "-dname",
-            "CN=127.0.0.1",
-            "-ext",
-            "SAN=IP:127.0.0.1",
-            "-storetype",
-            "PKCS12",
-            "-storepass",
-            pw,
-            "-keypass",
-            pw,
-            "-noprompt",
-            "-keystore",
-        ],
-        &[
-            "-exportcert",
-            "-rfc",
-            "-alias",
-            "broker",
-            "-storepass",
-            pw,
-            "-file",
-        ],
+    let generate = [
+        "-genkeypair",
+        "-keyalg",
+        "RSA",
+        "-keysize",
+        "2048",
+        "-validity",
+        "2",
+        "-dname",
+        "CN=127.0.0.1",
+        "-ext",
+        "SAN=IP:127.0.0.1",
+        "-storetype",
+        "PKCS12",
+        "-keypass",
+        pw,
     ];
-    for (args, last) in make.iter().zip([&store, &ca]) {
-        let mut c = Command::new(&keytool);
-        c.args(*args).arg(last);
-        if last == &ca {
-            c.arg("-keystore").arg(&store);
-        }
-        let out = c.output().expect("run keytool (a JDK 17+ is needed)");
+    let export = ["-exportcert", "-rfc", "-file", ca.to_str().expect("UTF-8 path")];
+    for step in [&generate[..], &export[..]] {
+        let out = Command::new(jdk_tool("keytool"))
+            .args(step)
+            .args(["-alias", "broker", "-storepass", pw, "-noprompt", "-keystore"])
+            .arg(&store)
+            .output()
+            .expect("run keytool (a JDK 17+ is needed)");
         assert!(
             out.status.success(),
             "keytool: {}",

@@ -51,14 +51,8 @@ impl ConsumerContext for WorkerContext {
                 .iter()
                 .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
                 .collect();
-            // A lost assignment (the session expired) may be another
-            // member's already: in exactly-once mode nothing of it commits.
-            let txn = match (self.txn.as_deref(), consumer.assignment_lost()) {
-                (Some(_), true) => Committer::Lost,
-                (Some(t), false) => Committer::Transactions(t),
-                (None, _) => Committer::Consumer,
-            };
-            release(&self.shared, consumer, txn, &tps);
+            let committer = Committer::of(self.txn.as_deref(), consumer.assignment_lost());
+            release(&self.shared, consumer, committer, &tps);
         }
     }
 
@@ -103,6 +97,19 @@ pub(super) enum Committer<'a> {
     /// group session (another member may own them already). Their finished
     /// jobs' writes are dropped and the jobs run again on the next owner.
     Lost,
+}
+
+impl<'a> Committer<'a> {
+    /// What commits partitions let go, by the mode (`txn`: exactly once)
+    /// and whether the assignment was `lost` (the session expired: the
+    /// partitions may be another member's already).
+    pub(super) fn of(txn: Option<&'a WorkerTxn>, lost: bool) -> Committer<'a> {
+        match (txn, lost) {
+            (Some(_), true) => Committer::Lost,
+            (Some(t), false) => Committer::Transactions(t),
+            (None, _) => Committer::Consumer,
+        }
+    }
 }
 
 /// Let go of partitions: drop their buffered jobs, cancel their running
@@ -262,11 +269,7 @@ pub(super) fn poll_loop(shared: &Arc<Shared>) -> Result<(), WorkerError> {
         warn!("the keep-alive thread panicked");
     }
     let owned = shared.jobs.owned();
-    let committer = match txn.as_deref() {
-        Some(t) => Committer::Transactions(t),
-        None => Committer::Consumer,
-    };
-    release(shared, &consumer, committer, &owned);
+    release(shared, &consumer, Committer::of(txn.as_deref(), false), &owned);
     consumer.unsubscribe();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) && Instant::now() < deadline {

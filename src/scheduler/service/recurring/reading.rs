@@ -147,20 +147,16 @@ impl Engine<'_> {
         // line each only when read live (a take-over of a million
         // schedules would log a million).
         match did {
-            Defined::Changed if running => {
+            Defined::Changed | Defined::Deleted if running => {
+                let what = match did {
+                    Defined::Deleted => "deleted",
+                    _ => "defined",
+                };
                 info!(
                     schedule = id,
                     partition = p,
                     offset = m.offset(),
-                    "recurring schedule defined"
-                )
-            }
-            Defined::Deleted if running => {
-                info!(
-                    schedule = id,
-                    partition = p,
-                    offset = m.offset(),
-                    "recurring schedule deleted"
+                    "recurring schedule {what}"
                 )
             }
             Defined::Changed | Defined::Deleted => {
