@@ -1,7 +1,8 @@
 //! Reading partitions of a topic up to their end as of the call, from their
 //! start, their newest records or a group's committed position: the
 //! dead-letter listing and replay, held keys read back on assignment and by
-//! `kairos keys`.
+//! `kairos keys`; and one record at its offset (a job whose writes Kafka
+//! refused, read back to be dead-lettered).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -86,13 +87,7 @@ pub fn read_range(
         ReadFrom::Committed(group) => group,
         _ => client_id,
     };
-    let mut rc = super::base_config(cfg, client_id);
-    rc.set("enable.auto.commit", "false")
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = rc.create()?;
+    let consumer = reader(cfg, client_id, group)?;
     let deadline = Instant::now() + timeout;
     let meta_timeout = timeout.min(Duration::from_secs(10));
     let all: Vec<i32> = match partitions {
@@ -186,6 +181,50 @@ pub fn read_range(
         each(&msg);
     }
     Ok(spans)
+}
+
+/// A consumer of committed records that reads where it is told (group
+/// `group`, nothing committed), noting each partition's end.
+fn reader(cfg: &KafkaConfig, client_id: &str, group: &str) -> Result<BaseConsumer, KafkaError> {
+    let mut rc = super::base_config(cfg, client_id);
+    rc.set("enable.auto.commit", "false")
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed");
+    rc.create()
+}
+
+/// `with` the record of `topic` at `partition` and `offset`; `None` when the
+/// partition holds none there (removed, or a transaction marker). Fails
+/// after `timeout`.
+pub fn read_at<T>(
+    cfg: &KafkaConfig,
+    client_id: &str,
+    (topic, partition, offset): (&str, i32, i64),
+    timeout: Duration,
+    with: impl FnOnce(&BorrowedMessage<'_>) -> T,
+) -> Result<Option<T>, ReadError> {
+    use rdkafka::Message as _;
+    let consumer = reader(cfg, client_id, client_id)?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    consumer.assign(&tpl)?;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.partition() == partition && m.offset() == offset => return Ok(Some(with(&m))),
+            Some(Ok(m)) if m.partition() == partition && m.offset() > offset => return Ok(None),
+            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(None),
+            Some(Err(e)) if !super::transient(&e) => return Err(e.into()),
+            _ => {}
+        }
+    }
+    Err(ReadError::Unfinished {
+        topic: topic.to_string(),
+        partitions: vec![partition],
+        timeout,
+    })
 }
 
 /// Commit `spans`' ends as the group `group`'s positions in `topic` (a

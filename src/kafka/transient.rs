@@ -2,7 +2,8 @@
 //! offset request to a broker just killed fails at once (its connection
 //! reset, its handle destroyed when the cluster drops it from the
 //! metadata) and succeeds a few seconds later, once the controller has
-//! moved its partitions' leadership and the coordinators elsewhere.
+//! moved its partitions' leadership and the coordinators elsewhere. And
+//! the opposite: records the broker refuses however often they are sent.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,26 @@ pub fn transient(e: &KafkaError) -> bool {
             RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::GroupAuthorizationFailed
                 | RDKafkaErrorCode::ClusterAuthorizationFailed
+        )
+    )
+}
+
+/// Whether the broker refuses this record however often it is sent: too
+/// large for the topic, malformed for it, against a topic policy or not
+/// authorised. librdkafka fails every record of a refused record's batch
+/// with the same error, so a record failed so may also be an innocent
+/// batch-mate of the one refused.
+pub fn refused_for_good(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidTimestamp
+                | RDKafkaErrorCode::PolicyViolation
+                | RDKafkaErrorCode::TopicAuthorizationFailed
         )
     )
 }

@@ -334,21 +334,33 @@ impl Scraper {
 /// tombstones stay `tombstones` after their segment was first cleaned. The
 /// broker's cleaner looks every second (`common::kafka`).
 pub async fn compact_soon(brokers: &str, topic: &str, tombstones: Duration) {
+    let ms = tombstones.as_millis().to_string();
+    // AlterConfigs replaces the topic's whole configuration: compaction is
+    // named again.
+    let settings = [
+        ("cleanup.policy", "compact"),
+        ("segment.ms", "100"),
+        ("min.cleanable.dirty.ratio", "0.01"),
+        ("min.compaction.lag.ms", "0"),
+        ("delete.retention.ms", ms.as_str()),
+    ];
+    set_topic_config(brokers, topic, &settings).await;
+}
+
+/// Set `topic`'s configuration to `settings` (AlterConfigs: what they do
+/// not name goes back to the broker's default).
+pub async fn set_topic_config(brokers: &str, topic: &str, settings: &[(&str, &str)]) {
     use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
-    let ms = tombstones.as_millis().to_string();
-    // AlterConfigs replaces the topic's whole configuration: compaction is
-    // named again.
-    let change = AlterConfig::new(ResourceSpecifier::Topic(topic))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", "100")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("min.compaction.lag.ms", "0")
-        .set("delete.retention.ms", &ms);
+    let change = settings
+        .iter()
+        .fold(AlterConfig::new(ResourceSpecifier::Topic(topic)), |c, (k, v)| {
+            c.set(k, v)
+        });
     let answer = admin
         .alter_configs(&[change], &AdminOptions::new())
         .await

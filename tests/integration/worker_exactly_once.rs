@@ -15,7 +15,9 @@ use kairos::{Config, Job, JobId};
 use rdkafka::Message as _;
 
 use crate::common::system::{enqueue_all, run};
-use crate::common::{committed, read_all, record_count, unique, wait_for, ChildGuard};
+use crate::common::{
+    committed, header, read_all, record_count, set_topic_config, unique, wait_for, ChildGuard,
+};
 use crate::scheduler::{set_up, SetUp};
 
 /// How long a test waits for what it expects.
@@ -123,6 +125,70 @@ async fn an_exactly_once_worker_writes_each_outcome_once() {
     let stats = system.worker.stats();
     assert!(stats.transactions > 0, "{stats:?}");
     assert_eq!(stats.transactions_aborted, 0, "{stats:?}");
+    system.stop().await;
+}
+
+/// A follow-up its topic refuses (larger than the topic takes, within
+/// what the client sends) would abort every round: its job is
+/// dead-lettered with the refusal instead, alone, and the jobs whose
+/// follow-ups failed in the same batches write theirs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_whose_follow_up_kafka_refuses_is_dead_lettered_alone_and_the_round_commits() {
+    let (s, follow) = eos().await;
+    let cfg = &s.cfg;
+    let work = s.work.clone();
+    // A batch of the small follow-ups fits; the big one, alone or in a
+    // batch, does not.
+    set_topic_config(&cfg.kafka.brokers, &follow, &[("max.message.bytes", "65536")]).await;
+    let to = follow.clone();
+    let system = run(cfg, false, move |job: Job, _ctx| {
+        let to = to.clone();
+        async move {
+            let payload = match job.payload.as_slice() {
+                b"big" => vec![b'x'; 128 * 1024],
+                _ => format!("follow-up of {}", job.id).into_bytes(),
+            };
+            Outcome::done_with(vec![Job::new(to, job.key.clone(), payload)])
+        }
+    });
+    let jobs: Vec<Job> = (0..300)
+        .map(|i| {
+            let payload: &[u8] = if i % 50 == 7 { b"big" } else { b"small" };
+            Job::new(work.as_str(), format!("key-{}", i % 11), payload.to_vec())
+        })
+        .collect();
+    let (big, small): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| j.payload == b"big");
+    let (big, small): (Vec<JobId>, Vec<JobId>) = (
+        big.iter().map(|j| j.id).collect(),
+        small.iter().map(|j| j.id).collect(),
+    );
+    enqueue_all(&s.producer, jobs).await;
+    check_follow_ups_once(cfg, &follow, &small);
+    let dead = wait_for("the dead letters", T, || {
+        let recs = read_all(&cfg.kafka.brokers, &cfg.topics.dead_letter, "read_committed", T);
+        (recs.len() >= big.len()).then_some(recs)
+    });
+    let text = |m: &rdkafka::message::OwnedMessage, h| {
+        String::from_utf8_lossy(header(m, h).unwrap_or_default()).into_owned()
+    };
+    let mut dead_ids: Vec<String> = dead.iter().map(|m| text(m, "kairos-id")).collect();
+    dead_ids.sort();
+    let mut want: Vec<String> = big.iter().map(JobId::to_string).collect();
+    want.sort();
+    assert_eq!(dead_ids, want, "the refused jobs, each dead-lettered once");
+    for m in &dead {
+        let reason = text(m, "kairos-dead-reason");
+        assert!(
+            reason.contains("refused by Kafka") && reason.contains("too large"),
+            "{reason}"
+        );
+    }
+    wait_for("the offsets committed", T, || {
+        (committed(&cfg.kafka.brokers, &cfg.worker.group_id, &work) == 300).then_some(())
+    });
+    let stats = system.worker.stats();
+    assert_eq!(stats.refused, big.len() as u64, "{stats:?}");
+    assert!(stats.transactions_aborted > 0, "{stats:?}");
     system.stop().await;
 }
 

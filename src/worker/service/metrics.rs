@@ -133,6 +133,12 @@ impl Source for WorkerHandle {
             "Exactly-once mode: transactions aborted (their writes go into the next one).",
             s.transactions_aborted,
         )
+        .counter(
+            "kairos_worker_writes_refused",
+            "Exactly-once mode: jobs whose writes Kafka refused for good (too large for their topic, \
+                 not authorised, ...), dead-lettered instead.",
+            s.refused,
+        )
         .counter_by(
             "kairos_worker_topic_jobs",
             "Handler runs started, and jobs settled by outcome, per work topic.",

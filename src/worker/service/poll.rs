@@ -131,12 +131,12 @@ pub(super) fn release(
     // The commit lock before the state lock, as the keep-alive thread takes
     // them: no keep-alive commit read before this one lands after it.
     let _committing = shared.jobs.committing();
-    let round = shared.jobs.let_go(tps);
+    let mut round = shared.jobs.let_go(tps);
     match txn {
         _ if round.points.is_empty() => {}
         Committer::Lost => warn!(partitions = ?tps, records = round.record_count(),
             "work partitions lost with the group session: nothing of them commits; the jobs finished since the last commit run again elsewhere"),
-        Committer::Transactions(txn) => match txn.commit(shared, consumer, &round) {
+        Committer::Transactions(txn) => match txn.commit(shared, consumer, &mut round) {
             Ok(()) => {}
             Err(TxnError::Abortable(e)) => warn!(error = %e,
                 "transaction on release aborted; the jobs finished since the last commit run again elsewhere"),

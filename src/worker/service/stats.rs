@@ -38,6 +38,9 @@ pub(super) struct WorkerCounters {
     /// Exactly-once mode: transactions committed and aborted.
     pub(super) transactions: AtomicU64,
     pub(super) transactions_aborted: AtomicU64,
+    /// Exactly-once mode: jobs whose writes Kafka refused for good,
+    /// dead-lettered instead.
+    pub(super) refused: AtomicU64,
 }
 
 /// One work topic's counters.
@@ -94,6 +97,10 @@ pub struct WorkerStats {
     /// Exactly-once mode: transactions aborted (their jobs' writes go into
     /// the next one).
     pub transactions_aborted: u64,
+    /// Exactly-once mode: jobs whose writes Kafka refused for good (too
+    /// large for their topic, not authorised, ...), dead-lettered instead
+    /// (also counted in `dead_lettered`).
+    pub refused: u64,
 }
 
 /// Reads a running worker's counters.
@@ -129,5 +136,6 @@ pub(super) fn stats(shared: &Shared) -> WorkerStats {
         out_of_touch: !st.owned.is_empty() && shared.out_of_touch(&st),
         transactions: s.transactions.load(Ordering::Relaxed),
         transactions_aborted: s.transactions_aborted.load(Ordering::Relaxed),
+        refused: s.refused.load(Ordering::Relaxed),
     }
 }

@@ -34,6 +34,8 @@ use crate::sync::Lock;
 use crate::wire::OwnedRecord;
 use crate::worker::settle::{Origin, Stage};
 
+mod refused;
+
 /// The worker's transactional producer.
 pub(super) struct WorkerTxn {
     producer: Mutex<Transactional>,
@@ -65,91 +67,146 @@ impl WorkerTxn {
     /// the coordinator timed the transaction out while a broker was lost,
     /// is made anew); do the round again. [`TxnError::InDoubt`], or
     /// [`TxnError::Fatal`] when no new producer could be made: stop.
+    ///
+    /// A job a record of which Kafka refuses for good (too large for its
+    /// topic, not authorised) would abort every round: such jobs are found
+    /// ([`refused`]), their writes in `round` replaced by their dead
+    /// letters, and the round is tried again.
     pub(super) fn commit<C: ConsumerContext>(
         &self,
         shared: &Shared,
         consumer: &BaseConsumer<C>,
-        round: &Round,
+        round: &mut Round,
     ) -> Result<(), TxnError> {
         let mut producer = self.producer.locked();
-        let started = Instant::now();
-        let hang = |step| {
-            if round.record_count() > 0 {
-                hang_at(step);
-            }
-        };
-        hang(Step::Before);
-        let sent = producer.begin().and_then(|()| {
-            write(&producer, round)?;
-            hang(Step::Inside);
-            let mut tpl = TopicPartitionList::new();
-            for point in &round.points {
-                offset_to_commit(shared, &mut tpl, *point);
-            }
-            if tpl.count() == 0 {
-                return Ok(());
-            }
-            // librdkafka marks the assignment lost (a session expired, the
-            // member fenced) before the poll thread hears of it; the group
-            // metadata may then name no member and no generation, which the
-            // broker does not check for a member without an instance id.
-            if consumer.assignment_lost() {
-                debug!("assignment lost: the round is not committed");
-                return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
-            }
-            let Some(group) = consumer.group_metadata() else {
-                return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
-            };
-            producer.send_offsets(&tpl, &Arc::new(group))
-        });
-        let e = match sent.and_then(|()| producer.commit()) {
-            Ok(()) => {
-                hang(Step::After);
-                shared.stats.transactions.fetch_add(1, Ordering::Relaxed);
-                debug!(
-                    partitions = round.points.len(),
-                    records = round.record_count(),
-                    took_ms = started.elapsed().as_millis() as u64,
-                    "worker transaction committed"
-                );
-                return Ok(());
-            }
-            Err(TxnError::InDoubt(e)) => return Err(TxnError::InDoubt(e)),
-            Err(TxnError::Abortable(e)) => {
-                warn!(error = %e, partitions = round.points.len(), records = round.record_count(),
-                    "worker transaction aborted");
-                if let Err(failed) = producer.abort() {
-                    warn!(error = %failed, "aborting failed; making the producer anew");
-                    producer.renew()?;
+        let mut tries = 0;
+        loop {
+            let mut suspects = Vec::new();
+            let e = match attempt(shared, consumer, &producer, round, &mut suspects) {
+                Ok(()) => return Ok(()),
+                Err(TxnError::InDoubt(e)) => return Err(TxnError::InDoubt(e)),
+                Err(TxnError::Abortable(e)) => {
+                    warn!(error = %e, partitions = round.points.len(), records = round.record_count(),
+                        "worker transaction aborted");
+                    abort(&mut producer)?;
+                    e
                 }
-                e
+                Err(TxnError::Fatal(e)) => {
+                    warn!(error = %e, "worker transaction failed for good before its commit; making the producer anew");
+                    producer.renew()?;
+                    e
+                }
+            };
+            shared.stats.transactions_aborted.fetch_add(1, Ordering::Relaxed);
+            tries += 1;
+            if suspects.is_empty()
+                || tries > REFUSED_TRIES
+                || refused::dead_letter(shared, &mut producer, round, suspects)? == 0
+            {
+                return Err(TxnError::Abortable(e));
             }
-            Err(TxnError::Fatal(e)) => {
-                warn!(error = %e, "worker transaction failed for good before its commit; making the producer anew");
-                producer.renew()?;
-                e
-            }
-        };
-        shared.stats.transactions_aborted.fetch_add(1, Ordering::Relaxed);
-        Err(TxnError::Abortable(e))
+        }
     }
 }
 
-/// Write a round's records in order and wait for their acknowledgements.
-fn write(producer: &Transactional, round: &Round) -> Result<(), TxnError> {
-    let records: Vec<(&OwnedRecord, Option<i32>)> = round
-        .records
-        .iter()
-        .flat_map(|(.., recs)| recs.iter().map(|r| (r, None)))
+/// How many times in a row one commit replaces refused writes and tries
+/// again (each refusal found is dealt with; the next round goes on).
+const REFUSED_TRIES: u32 = 3;
+
+/// One try at committing `round`; the jobs (indices in `round.records`) a
+/// record of which Kafka refused for good go to `suspects`.
+fn attempt<C: ConsumerContext>(
+    shared: &Shared,
+    consumer: &BaseConsumer<C>,
+    producer: &Transactional,
+    round: &Round,
+    suspects: &mut Vec<usize>,
+) -> Result<(), TxnError> {
+    let started = Instant::now();
+    let hang = |step| {
+        if round.record_count() > 0 {
+            hang_at(step);
+        }
+    };
+    hang(Step::Before);
+    producer.begin()?;
+    write_jobs(producer, round, 0..round.records.len(), suspects)?;
+    hang(Step::Inside);
+    let mut tpl = TopicPartitionList::new();
+    for point in &round.points {
+        offset_to_commit(shared, &mut tpl, *point);
+    }
+    if tpl.count() > 0 {
+        // librdkafka marks the assignment lost (a session expired, the
+        // member fenced) before the poll thread hears of it; the group
+        // metadata may then name no member and no generation, which the
+        // broker does not check for a member without an instance id.
+        if consumer.assignment_lost() {
+            debug!("assignment lost: the round is not committed");
+            return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
+        }
+        let Some(group) = consumer.group_metadata() else {
+            return Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled));
+        };
+        producer.send_offsets(&tpl, &Arc::new(group))?;
+    }
+    producer.commit()?;
+    hang(Step::After);
+    shared.stats.transactions.fetch_add(1, Ordering::Relaxed);
+    debug!(
+        partitions = round.points.len(),
+        records = round.record_count(),
+        took_ms = started.elapsed().as_millis() as u64,
+        "worker transaction committed"
+    );
+    Ok(())
+}
+
+/// Abort the transaction under way; a producer that cannot is made anew.
+fn abort(producer: &mut Transactional) -> Result<(), TxnError> {
+    if let Err(failed) = producer.abort() {
+        warn!(error = %failed, "aborting failed; making the producer anew");
+        producer.renew()?;
+    }
+    Ok(())
+}
+
+/// Write the records of `jobs` (indices in `round.records`) in order and
+/// wait for their acknowledgements; the jobs a record of which Kafka
+/// refused for good go to `refused`, and the error is a refusal if any.
+fn write_jobs(
+    producer: &Transactional,
+    round: &Round,
+    jobs: impl Iterator<Item = usize>,
+    refused: &mut Vec<usize>,
+) -> Result<(), TxnError> {
+    let records: Vec<(usize, &OwnedRecord)> = jobs
+        .flat_map(|i| round.records[i].2.iter().map(move |r| (i, r)))
         .collect();
     if records.is_empty() {
         return Ok(());
     }
-    let acks = futures::executor::block_on(kafka::enqueue_all(producer.producer(), &records));
-    for r in futures::executor::block_on(futures::future::join_all(acks)) {
-        r.map_err(TxnError::Abortable)?;
+    let sends: Vec<(&OwnedRecord, Option<i32>)> = records.iter().map(|(_, r)| (*r, None)).collect();
+    let acks = futures::executor::block_on(kafka::enqueue_all(producer.producer(), &sends));
+    let (mut first_refusal, mut first_other) = (None, None);
+    let acked = futures::executor::block_on(futures::future::join_all(acks));
+    for ((job, _), r) in records.iter().zip(acked) {
+        match r {
+            Err(e) if kafka::refused_for_good(&e) => {
+                if refused.last() != Some(job) {
+                    refused.push(*job);
+                }
+                first_refusal.get_or_insert(e);
+            }
+            Err(e) => {
+                first_other.get_or_insert(e);
+            }
+            Ok(_) => {}
+        }
     }
-    Ok(())
+    first_refusal
+        .or(first_other)
+        .map_or(Ok(()), |e| Err(TxnError::Abortable(e)))
 }
 
 /// The transaction thread: until the worker stops, every `every` commit
@@ -165,13 +222,13 @@ pub(super) fn run<C: ConsumerContext>(
     while !shared.signals.stop.is_cancelled() {
         std::thread::sleep(every);
         let _committing = shared.jobs.committing();
-        let round = shared
+        let mut round = shared
             .jobs
             .take_round(Some(shared.cfg.worker.session_timeout / 6));
         if round.points.is_empty() {
             continue;
         }
-        match txn.commit(shared, consumer, &round) {
+        match txn.commit(shared, consumer, &mut round) {
             Ok(()) => shared.heard_from_coordinator(),
             Err(TxnError::Abortable(_)) => shared.jobs.put_back(round),
             Err(e) => {
