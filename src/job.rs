@@ -285,6 +285,14 @@ impl Job {
         }
     }
 
+    /// The id a scheduler keeps this job under: its id, and for a park (a
+    /// copy a worker parked behind its held key, [`Job::parked`] set) an id
+    /// of that park's own ([`JobId::for_park`]), so that two parks of a
+    /// job, or a park and the job's retry, never replace each other there.
+    pub fn stored_id(&self) -> JobId {
+        self.parked.map_or(self.id, |seq| self.id.for_park(seq))
+    }
+
     /// Run no earlier than `when` (kept to millisecond precision, as on the wire).
     pub fn at(mut self, when: DateTime<Utc>) -> Self {
         self.run_at = truncate_to_millis(when);
@@ -396,6 +404,17 @@ mod tests {
         assert_ne!(a, c);
         assert_ne!(a, d);
         assert_eq!(a.uuid().get_version_num(), 7);
+    }
+
+    #[test]
+    fn a_park_is_stored_under_an_id_of_its_own_and_a_job_under_its_id() {
+        let mut job = Job::new("jobs", "k", "p");
+        assert_eq!(job.stored_id(), job.id);
+        job.parked = Some(5);
+        assert_eq!(job.stored_id(), job.id.for_park(5));
+        let mut again = job.clone();
+        again.parked = Some(6);
+        assert_ne!(again.stored_id(), job.stored_id(), "two parks of one job");
     }
 
     #[test]

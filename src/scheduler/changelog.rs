@@ -27,7 +27,7 @@ use crate::wire::OwnedRecord;
 pub fn put_record(topic: &str, job: &StoredJob) -> OwnedRecord {
     OwnedRecord {
         topic: topic.to_string(),
-        key: job.job.id.as_bytes().to_vec(),
+        key: job.job.stored_id().as_bytes().to_vec(),
         value: Some(job.encode()),
         headers: Vec::new(),
     }
@@ -267,7 +267,7 @@ pub fn catch_up(
         match msg.payload() {
             None => part.changes.push(Change::Delete(id)),
             Some(v) => match StoredJob::decode(v) {
-                Ok(s) if s.job.id == id => part.changes.push(Change::Put(s)),
+                Ok(s) if s.job.stored_id() == id => part.changes.push(Change::Put(s)),
                 // A value that does not decode was not written by this
                 // version; dropping it would lose a job, so stop loudly.
                 Ok(_) | Err(_) => {

@@ -4,8 +4,6 @@
 //! and cheap: a 10-million-job store pays for every byte. Decoding checks
 //! every length and never panics.
 
-use std::borrow::Cow;
-
 use chrono::{TimeZone, Utc};
 
 use crate::job::{Job, JobId, Priority};
@@ -20,6 +18,8 @@ use crate::job::{Job, JobId, Priority};
 /// park number above `u32::MAX` (so that a store of narrow numbers reads in
 /// the versions before). Version 5 is version 4 followed by a flags byte
 /// (bit 0: [`Job::skip_if_busy`]), written only for a job with a flag set.
+/// Every version writes the id a job is stored under ([`Job::stored_id`]:
+/// a park's id of its own); decoding gives a park its job's id back.
 const FORMAT: u8 = 1;
 const FORMAT_2: u8 = 2;
 const FORMAT_3: u8 = 3;
@@ -47,7 +47,7 @@ pub struct CorruptJob(pub &'static str);
 /// What [`StoredJob::peek`] reads of encoded bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peeked {
-    /// The job's id.
+    /// The id it is stored under ([`Job::stored_id`]).
     pub id: JobId,
     /// Its arrival order in its partition.
     pub seq: u64,
@@ -55,35 +55,7 @@ pub struct Peeked {
     pub run_at_ms: i64,
 }
 
-/// A job read from the schedule topic, as the scheduler keeps it: a park
-/// under an id of its own ([`JobId::for_park`]), which it keeps in the
-/// store, the changelog and its memory, until the job leaves
-/// ([`StoredJob::outgoing`]).
-pub(crate) fn keep_park_apart(job: &mut Job) {
-    if let Some(seq) = job.parked {
-        job.id = job.id.for_park(seq);
-    }
-}
-
-/// The job's own id, of a job as the scheduler keeps it (a park's id
-/// taken back out of [`keep_park_apart`]'s).
-pub(crate) fn own_id(job: &Job) -> JobId {
-    job.parked.map_or(job.id, |seq| job.id.of_park(seq))
-}
-
 impl StoredJob {
-    /// The job as it leaves the scheduler (fired, or dead-lettered): a
-    /// park with its job's own id back.
-    pub fn outgoing(&self) -> Cow<'_, Job> {
-        match self.job.parked {
-            Some(_) => Cow::Owned(Job {
-                id: own_id(&self.job),
-                ..self.job.clone()
-            }),
-            None => Cow::Borrowed(&self.job),
-        }
-    }
-
     /// Encode to bytes.
     pub fn encode(&self) -> Vec<u8> {
         let j = &self.job;
@@ -100,7 +72,7 @@ impl StoredJob {
             (false, false, false, true) => FORMAT_2,
             (false, false, false, false) => FORMAT,
         });
-        out.extend_from_slice(j.id.as_bytes());
+        out.extend_from_slice(j.stored_id().as_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.extend_from_slice(&j.run_at.timestamp_millis().to_be_bytes());
         out.extend_from_slice(&j.attempt.to_be_bytes());
@@ -134,8 +106,8 @@ impl StoredJob {
         out
     }
 
-    /// The id, seq and run-at of encoded bytes, without decoding the rest
-    /// (`None` when the bytes are not a job of this format).
+    /// The id ([`Job::stored_id`]), seq and run-at of encoded bytes, without
+    /// decoding the rest (`None` when the bytes are not a job of this format).
     pub fn peek(bytes: &[u8]) -> Option<Peeked> {
         if !matches!(
             bytes.first(),
@@ -160,7 +132,7 @@ impl StoredJob {
         if !matches!(version, FORMAT | FORMAT_2 | FORMAT_3 | FORMAT_4 | FORMAT_5) {
             return Err(CorruptJob("unknown format version"));
         }
-        let id = JobId::from_bytes(r.array()?);
+        let stored_id = JobId::from_bytes(r.array()?);
         let seq = u64::from_be_bytes(r.array()?);
         let run_at_ms = i64::from_be_bytes(r.array()?);
         let attempt = u32::from_be_bytes(r.array()?);
@@ -211,7 +183,7 @@ impl StoredJob {
             .ok_or(CorruptJob("run-at out of range"))?;
         Ok(StoredJob {
             job: Job {
-                id,
+                id: parked.map_or(stored_id, |n| stored_id.of_park(n)),
                 key,
                 payload,
                 run_at,
@@ -308,7 +280,7 @@ mod tests {
         let s = sample();
         let run_at = s.job.run_at.timestamp_millis();
         let want = Peeked {
-            id: s.job.id,
+            id: s.job.stored_id(),
             seq: s.seq,
             run_at_ms: run_at,
         };
@@ -357,7 +329,12 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_3);
         assert_eq!(bytes.len(), s.encode().len() + 9 + 1 + 4 + 11 + 4);
         assert_eq!(StoredJob::decode(&bytes).unwrap(), v3);
-        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(v3.job.id));
+        // A park is stored under an id of its own (as every version wrote
+        // it) and decodes with its job's id.
+        let stored = v3.job.id.for_park(7);
+        assert_eq!(&bytes[1..17], stored.as_bytes());
+        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(stored));
+        assert_ne!(stored, v3.job.id);
         let mut parked_only = sample();
         parked_only.job.parked = Some(1);
         assert_eq!(StoredJob::decode(&parked_only.encode()).unwrap(), parked_only);
@@ -378,7 +355,10 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_4);
         assert_eq!(bytes.len(), narrow_bytes.len() + 4);
         assert_eq!(StoredJob::decode(&bytes).unwrap(), wide);
-        assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(wide.job.id));
+        assert_eq!(
+            StoredJob::peek(&bytes).map(|p| p.id),
+            Some(wide.job.id.for_park((7 << 32) | 3))
+        );
         for n in 0..bytes.len() {
             assert!(StoredJob::decode(&bytes[..n]).is_err(), "prefix of {n} bytes");
         }

@@ -217,7 +217,7 @@ impl TimerWheel {
     /// their partition let go).
     pub fn fired(&mut self, jobs: &[(DueKey, StoredJob)]) {
         for (k, j) in jobs {
-            let id = (k.partition, j.job.id);
+            let id = (k.partition, j.job.stored_id());
             if let Some(n) = self.firing.get_mut(&id) {
                 *n -= 1;
                 if *n == 0 {
@@ -353,7 +353,7 @@ impl TimerWheel {
                 *h = (*h).max(k.run_at_ms);
                 skipped = true;
             } else if !self.mirrors(k)
-                || self.is_changing(k.partition, &j.job.id)
+                || self.is_changing(k.partition, &j.job.stored_id())
                 || (!self.persisting.is_empty() && self.persisting.contains(&k.partition))
             {
                 skipped = true;
@@ -376,7 +376,7 @@ impl TimerWheel {
         };
         self.firing.reserve(jobs.len());
         for (k, j) in &jobs {
-            *self.firing.entry((k.partition, j.job.id)).or_default() += 1;
+            *self.firing.entry((k.partition, j.job.stored_id())).or_default() += 1;
         }
         Due { jobs, held }
     }
@@ -390,7 +390,7 @@ impl TimerWheel {
             if self.owns(k.partition) && !self.keeps_out(&j.job.topic) {
                 if let Some(since) = direct.get(&k) {
                     self.direct.insert(k, *since);
-                    self.direct_ids.insert((k.partition, j.job.id), k);
+                    self.direct_ids.insert((k.partition, j.job.stored_id()), k);
                 }
                 self.entries.insert(k, j);
             }

@@ -298,7 +298,7 @@ impl FairWindow {
             let t = self.topics.get_mut(topic).expect("picked from this topic");
             let taken = next.and_then(|k| {
                 let pl = t.lanes.get_mut(&lane_id)?.part_mut(k.partition)?;
-                let id = pl.jobs.get(&k)?.job.id;
+                let id = pl.jobs.get(&k)?.job.stored_id();
                 if changing(k.partition, &id) {
                     return None;
                 }

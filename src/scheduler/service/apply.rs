@@ -186,14 +186,14 @@ pub(super) fn apply_batch(
             // it, or a re-send) is a new job: it replaces the one in the
             // store, and fires in its turn.
             Command::Schedule(job) => {
-                debug!(job_id = %crate::scheduler::stored::own_id(&job), park = ?job.parked,
+                debug!(job_id = %job.id, park = ?job.parked,
                     key = %job.key_lossy(), partition = p, offset, run_at = %wire::format_time(job.run_at), "scheduled");
                 let sj = StoredJob {
                     job,
                     seq: offset as u64,
                 };
                 let at = pb.changes.len();
-                pb.named(sj.job.id).now = Some(Some(at));
+                pb.named(sj.job.stored_id()).now = Some(Some(at));
                 if sj.job.run_at <= now {
                     pb.due_puts.push(at);
                 }

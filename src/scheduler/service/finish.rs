@@ -16,7 +16,7 @@ use crate::hash::{HashMap, HashSet};
 use crate::job::JobId;
 use crate::scheduler::changelog;
 use crate::scheduler::store::{Change, DueKey, PartitionWrite, StoreError};
-use crate::scheduler::stored::{own_id, StoredJob};
+use crate::scheduler::stored::StoredJob;
 use crate::wire::{DeadLetter, OwnedRecord};
 use crate::{kafka, wire};
 
@@ -109,12 +109,12 @@ pub(super) async fn finish_fire(
                 fired += 1;
                 let late_ms = (now - s.job.run_at).num_milliseconds();
                 shared.stats.fire_lateness.observe_ms(late_ms);
-                debug!(job_id = %own_id(&s.job), park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
+                debug!(job_id = %s.job.id, park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
                     partition = d.partition, offset = d.offset, late_ms, "fired");
                 done.push(item);
             }
             Some(Err(e)) if kafka::is_unknown_topic(&e) => {
-                warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, "work topic does not exist; dead-lettering");
                 let reason = format!("work topic `{}` does not exist", s.job.topic);
                 let d = DeadLetter {
@@ -125,11 +125,11 @@ pub(super) async fn finish_fire(
                 };
                 dead.push((
                     item,
-                    wire::dead_job_record(&s.outgoing(), &d, &cfg.topics.dead_letter),
+                    wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter),
                 ));
             }
             Some(Err(e)) => {
-                warn!(job_id = %own_id(&s.job), key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
+                warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,
                     offset = k.seq, error = %e, "fire failed; will retry");
                 retry.push(item.clone());
             }
@@ -201,7 +201,7 @@ async fn confirm_dead<'a>(
                 done.push(item);
             }
             Err(e) => {
-                warn!(job_id = %own_id(&item.1.job), key = %item.1.job.key_lossy(), partition = item.0.partition,
+                warn!(job_id = %item.1.job.id, key = %item.1.job.key_lossy(), partition = item.0.partition,
                     offset = item.0.seq, error = %e, "dead-letter write failed; will retry");
                 retry.push((*item).clone());
             }
@@ -264,13 +264,13 @@ fn decide_tombstones(shared: &Shared, done: &[&(DueKey, StoredJob)]) -> HashMap<
     let mut by_part: HashMap<i32, Fired> = HashMap::default();
     for (k, s) in done {
         let e = by_part.entry(k.partition).or_default();
-        if put_again.contains(&(k.partition, s.job.id)) {
+        if put_again.contains(&(k.partition, s.job.stored_id())) {
             debug!(job_id = %s.job.id, partition = k.partition, offset = k.seq,
                 "fired; its id was put again meanwhile, the changelog keeps the new put");
         } else {
-            e.tombs.push(changelog::tombstone(topic, &s.job.id));
+            e.tombs.push(changelog::tombstone(topic, &s.job.stored_id()));
         }
-        e.changes.push(Change::Fired(s.job.id, *k));
+        e.changes.push(Change::Fired(s.job.stored_id(), *k));
     }
     // How far each partition is handled, with the direct jobs just fired:
     // after its tombstones, so a new owner skips what fired here.
@@ -351,7 +351,7 @@ async fn in_transaction<'a>(
     let mut records: Vec<(OwnedRecord, Option<i32>)> = Vec::with_capacity(done.len() * 2);
     records.extend(
         fire.iter()
-            .map(|(_, s)| (wire::encode(&s.outgoing(), &s.job.topic), None)),
+            .map(|(_, s)| (wire::encode(&s.job, &s.job.topic), None)),
     );
     let dead_count = dead.len() as u64;
     records.extend(dead.into_iter().map(|(_, r)| (r, None)));
@@ -386,7 +386,7 @@ async fn in_transaction<'a>(
             for ((k, s), d) in fire.iter().copied().zip(&acks) {
                 let late_ms = (now - s.job.run_at).num_milliseconds();
                 shared.stats.fire_lateness.observe_ms(late_ms);
-                debug!(job_id = %own_id(&s.job), park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
+                debug!(job_id = %s.job.id, park = ?s.job.parked, key = %s.job.key_lossy(), topic = %s.job.topic,
                     partition = k.partition, offset = k.seq, work_partition = d.partition, work_offset = d.offset,
                     late_ms, "fired in a transaction");
             }

@@ -78,7 +78,7 @@ pub(super) async fn start_fire(shared: &Arc<Shared>, due: &[(DueKey, StoredJob)]
             Ok(false) if shared.kafka.txn.is_some() => writes.push(FireWrite::InTransaction),
             Ok(false) => {
                 writes.push(FireWrite::Sent(Box::pin(
-                    kafka::enqueue_job(&shared.kafka.producer, &s.outgoing()).await,
+                    kafka::enqueue_job(&shared.kafka.producer, &s.job).await,
                 )));
             }
             Err(e) => {

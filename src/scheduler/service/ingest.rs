@@ -30,7 +30,7 @@ use super::{fair_status, stats, SchedulerContext, SchedulerError, Shared};
 
 use crate::hash::HashMap;
 use crate::sync::Lock;
-use crate::wire::{Command, Context, DeadLetter, RecordView};
+use crate::wire::{Context, DeadLetter, RecordView};
 use crate::{kafka, wire};
 
 /// A consumer error is logged; a fatal one (librdkafka gave up on the
@@ -266,8 +266,17 @@ fn read_loop(shared: &Arc<Shared>, consumer: &BaseConsumer<SchedulerContext>) ->
             read_to_position(shared, consumer);
             // The group generation the next transactions commit offsets in
             // (a rebalance that only took partitions away moves it too).
+            // librdkafka marks the assignment lost (the session expired)
+            // before it forgets the member and the generation, and before the
+            // rebalance callback tells the fence: metadata taken before the
+            // mark is still the membership's; after it, it may name no
+            // member, which the broker does not check for a member without
+            // an instance id.
             if let Some(t) = &shared.kafka.txn {
-                t.refresh_group(consumer.group_metadata());
+                let group = consumer.group_metadata();
+                if !consumer.assignment_lost() {
+                    t.refresh_group(group);
+                }
             }
         }
         // Batches applied and direct jobs fired meanwhile may let offsets move.
@@ -389,10 +398,7 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
         }
         let view = RecordView::from_message(m);
         match wire::decode(&view, Context::Schedule, &cfg.limits) {
-            Ok(mut command) => {
-                if let Command::Schedule(job) = &mut command {
-                    crate::scheduler::stored::keep_park_apart(job);
-                }
+            Ok(command) => {
                 b.records.push(Record {
                     partition: p,
                     offset,

@@ -199,12 +199,12 @@ impl SchedulerJobs {
                 Change::Put(s)
                     if pb
                         .ids
-                        .get(&s.job.id)
+                        .get(&s.job.stored_id())
                         .is_some_and(|n| n.mentions == 1 && matches!(n.claim, Claim::Held))
                         && !self.is_fair(&s.job.topic)
                         && w.reserve_direct(DueKey::of(p, s)) =>
                 {
-                    Some((i, s.job.id))
+                    Some((i, s.job.stored_id()))
                 }
                 _ => None,
             })
@@ -352,8 +352,8 @@ impl SchedulerJobs {
     pub(super) fn put_again(&self, done: &[&(DueKey, StoredJob)]) -> HashSet<(i32, JobId)> {
         let w = &*self.window();
         done.iter()
-            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.id, k.seq))
-            .map(|(k, s)| (k.partition, s.job.id))
+            .filter(|(k, s)| w.was_put_again(k.partition, &s.job.stored_id(), k.seq))
+            .map(|(k, s)| (k.partition, s.job.stored_id()))
             .collect()
     }
 

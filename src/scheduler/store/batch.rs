@@ -174,12 +174,12 @@ impl<'a> Writer<'a> {
             }
         };
         self.view.hints.set(Hint {
-            id: *s.job.id.as_bytes(),
+            id: *s.job.stored_id().as_bytes(),
             run_at_ms,
             seq: s.seq,
         })?;
         self.view.cp.pending += 1;
-        self.view.overlay.insert(s.job.id, Some(loc));
+        self.view.overlay.insert(s.job.stored_id(), Some(loc));
         Ok(())
     }
 
@@ -187,10 +187,10 @@ impl<'a> Writer<'a> {
         match change {
             Change::Put(s) => {
                 let here = (s.job.run_at.timestamp_millis(), s.seq);
-                match self.view.locate(&s.job.id)? {
+                match self.view.locate(&s.job.stored_id())? {
                     Some(loc) if loc.run_at_seq() == here => {} // the same job again
                     Some(loc) => {
-                        self.remove(s.job.id, loc)?;
+                        self.remove(s.job.stored_id(), loc)?;
                         self.add(s)?;
                     }
                     None => self.add(s)?,

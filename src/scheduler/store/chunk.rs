@@ -35,7 +35,7 @@ impl Raw {
         Raw {
             run_at_ms: s.job.run_at.timestamp_millis(),
             seq: s.seq,
-            id: s.job.id,
+            id: s.job.stored_id(),
             len: bytes.len(),
             at: 0,
             buf: bytes.into(),

@@ -81,7 +81,7 @@ impl TimerWheel {
         if !self.unreserve(&k) && !self.may_add_direct(&k) {
             return Some(job);
         }
-        self.direct_ids.insert((k.partition, job.job.id), k);
+        self.direct_ids.insert((k.partition, job.job.stored_id()), k);
         self.entries.insert(k, job);
         self.direct.insert(k, now_ms);
         self.shrink();
@@ -113,7 +113,7 @@ impl TimerWheel {
     pub fn persisted(&mut self, jobs: &[(DueKey, StoredJob)]) {
         for (k, j) in jobs {
             self.direct.remove(k);
-            self.direct_ids.remove(&(k.partition, j.job.id));
+            self.direct_ids.remove(&(k.partition, j.job.stored_id()));
             self.persisting.remove(&k.partition);
         }
     }
@@ -138,7 +138,7 @@ impl TimerWheel {
         let mut taken = HashMap::with_capacity_and_hasher(due.len(), Default::default());
         for (k, j) in due {
             if let Some(since) = self.direct.remove(k) {
-                self.direct_ids.remove(&(k.partition, j.job.id));
+                self.direct_ids.remove(&(k.partition, j.job.stored_id()));
                 taken.insert(*k, since);
             }
         }

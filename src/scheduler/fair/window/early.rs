@@ -48,7 +48,7 @@ impl FairWindow {
                 }
                 let early =
                     j.early.is_some() && j.attempt <= 1 && j.earliest_start().timestamp_millis() <= now_ms;
-                if !early || in_flight.contains(&k) || changing(p, &j.id) {
+                if !early || in_flight.contains(&k) || changing(p, &j.stored_id()) {
                     continue;
                 }
                 if !read_up {

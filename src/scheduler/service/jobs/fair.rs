@@ -127,7 +127,7 @@ impl SchedulerJobs {
             let mut w = self.window();
             let (back, released): (Vec<_>, Vec<_>) = jobs
                 .into_iter()
-                .partition(|(k, j)| w.is_changing(k.partition, &j.job.id));
+                .partition(|(k, j)| w.is_changing(k.partition, &j.job.stored_id()));
             for (k, j) in back {
                 // A batch started changing it since it was picked: it waits
                 // (its tenant keeps the charge for it, a rare race).
@@ -135,7 +135,7 @@ impl SchedulerJobs {
             }
             let mut rounds = self.firing();
             for (k, j) in &released {
-                w.firing_from_elsewhere(k.partition, j.job.id);
+                w.firing_from_elsewhere(k.partition, j.job.stored_id());
                 f.firing.insert(*k);
                 if round.parts.insert(k.partition) {
                     *rounds.entry(k.partition).or_insert(0) += 1;
