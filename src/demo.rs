@@ -226,7 +226,12 @@ async fn run_on(
         .first()
         .cloned()
         .ok_or_else(|| failed("no work topic configured"))?;
-    cfg.worker.topics = vec![work.clone(), fair_topic.clone(), held_topic.clone()];
+    cfg.worker.topics = vec![
+        work.clone(),
+        fair_topic.clone(),
+        held_topic.clone(),
+        format!("{work}.reports"),
+    ];
 
     // Admin endpoints on free local ports, unless configured.
     for admin in [&mut cfg.scheduler.admin, &mut cfg.worker.admin] {
@@ -439,11 +444,11 @@ async fn run_on(
     let (eos_topic, follow_topic) = (format!("{work}.invoices"), format!("{work}.invoices.sent"));
     s.exactly_once = exactly_once::show(&cfg, &producer, &eos_topic, &follow_topic).await?;
     let reports = format!("{work}.reports");
-    s.recurring = recurring::show(&cfg, &reports, sched_admin).await?;
+    s.recurring = recurring::show(&cfg, &reports, sched_admin, &wh).await?;
     let ws = wh.stats();
     // The exactly-once worker's topics belong to a group of its own, and
-    // the reports are read back by the demo: the operator's view of the
-    // main worker's group leaves them out.
+    // the last report may still run: the operator's view of the main
+    // worker's group leaves them out.
     let mut main_group = cfg.clone();
     main_group
         .topics

@@ -312,16 +312,11 @@ async fn fair_topic_jobs_survive_killed_schedulers_workers_and_a_restarted_broke
     crash_suite(Mode::Fair, Faults::Processes).await;
 }
 
-/// The same faults with `on_failure = "hold_key"`: a failing job holds its
-/// key while its later jobs are parked through the scheduler, across the
-/// workers' SIGKILLs, restarts and rebalances and the scheduler's SIGKILLs.
 /// The process faults with the scheduler and the workers in exactly-once
 /// mode, every job writing a follow-up: no job fires twice and every job
-/// writes its follow-up once, as read_committed readers see them.
-/// Ignored: one CI run (seed 1795917013462545802) found 16 jobs fired twice
-/// after the broker's kill -9 and restart; not diagnosed (its replay held).
+/// writes its follow-up once, as read_committed readers see them, through
+/// the lone broker's kill -9 and restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "16 jobs fired twice after a lone broker's kill -9 + restart in one CI run; not diagnosed"]
 async fn in_exactly_once_mode_jobs_fire_once_and_write_their_follow_ups_once_through_faults() {
     crash_suite(Mode::ExactlyOnce, Faults::Processes).await;
 }
@@ -336,6 +331,9 @@ async fn in_exactly_once_mode_jobs_fire_once_through_the_partition_leader_killed
     crash_suite(Mode::ExactlyOnce, Faults::LeaderLoss).await;
 }
 
+/// The same faults with `on_failure = "hold_key"`: a failing job holds its
+/// key while its later jobs are parked through the scheduler, across the
+/// workers' SIGKILLs, restarts and rebalances and the scheduler's SIGKILLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_keys_keep_their_order_through_killed_schedulers_workers_and_a_restarted_broker() {
     crash_suite(Mode::HoldKey, Faults::Processes).await;

@@ -1,6 +1,8 @@
 //! The demo's recurring schedule: a cron pattern with seconds, in a time
 //! zone, for three occurrences; each fires once, under the id derived from
-//! the schedule and its time.
+//! the schedule and its time. Its job takes longer than the pattern's
+//! second and the schedule skips an occurrence that comes while the one
+//! before still runs (`overlap = "skip"`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,11 +11,16 @@ use chrono::{DurationRound as _, Utc};
 use rdkafka::Message as _;
 
 use super::{failed, DemoError};
-use kairos::schedules::{occurrence_id, JobTemplate, Schedule, Schedules};
+use kairos::schedules::{occurrence_id, JobTemplate, Overlap, Schedule, Schedules};
+use kairos::worker::WorkerHandle;
 use kairos::{Config, JobId};
 
 /// Occurrences the demo's schedule has.
 const OCCURRENCES: i64 = 3;
+
+/// How long the schedule's job takes: longer than the second between
+/// occurrences, so the next one comes while it runs.
+const WORK_MS: u64 = 2500;
 
 /// What the recurring part saw: occurrences due, fired once, fired more
 /// than once (must be 0).
@@ -28,14 +35,17 @@ pub struct RecurringSeen {
     /// The scheduler's `/schedules` listed the schedule with its last
     /// occurrence (its cursor) at the final one.
     pub listed: bool,
+    /// Occurrences the worker skipped because the one before still ran.
+    pub skipped: u64,
 }
 
 /// Define a schedule firing every second for [`OCCURRENCES`] seconds into
-/// `topic`, wait for its occurrences, delete it.
+/// `topic` (run by `worker`), wait for its occurrences, delete it.
 pub(super) async fn show(
     cfg: &Config,
     topic: &str,
     admin: Option<SocketAddr>,
+    worker: &WorkerHandle,
 ) -> Result<RecurringSeen, DemoError> {
     let schedules = Schedules::new(cfg).map_err(failed)?;
     let start = Utc::now()
@@ -45,20 +55,24 @@ pub(super) async fn show(
     let mut s = Schedule::cron(
         "demo-report",
         "* * * * * *",
-        JobTemplate::new(topic, "build the report"),
+        JobTemplate::new(topic, format!("build the report work={WORK_MS}")),
     );
     s.time_zone = "Europe/Berlin".into();
+    s.overlap = Overlap::Skip;
+    let skipped_before = worker.stats().skipped;
     s.start = Some(start);
     s.end = Some(start + chrono::Duration::seconds(OCCURRENCES - 1));
     println!(
         "\nrecurring     schedule `{}` (cron `{}` in {}) from {} to {}: each occurrence a job on {topic}\n              \
-         with the id derived from the schedule and its time, enqueued {} ahead",
+         with the id derived from the schedule and its time, enqueued {} ahead; each takes {} ms,\n              \
+         and an occurrence that comes while the one before runs is skipped (overlap = \"skip\")",
         s.id,
         s.cron.as_deref().unwrap_or_default(),
         s.time_zone,
         berlin(start),
         berlin(start + chrono::Duration::seconds(OCCURRENCES - 1)),
-        humantime::format_duration(cfg.scheduler.schedules_lead)
+        humantime::format_duration(cfg.scheduler.schedules_lead),
+        WORK_MS
     );
     schedules.upsert(&s).await.map_err(failed)?;
     let want: Vec<(chrono::DateTime<Utc>, JobId)> = (0..OCCURRENCES)
@@ -109,10 +123,18 @@ pub(super) async fn show(
             seen.listed = last.parse::<chrono::DateTime<Utc>>().ok() == want.last().map(|(at, _)| *at);
         }
     }
+    // The worker reads each occurrence as it fires; one that came while
+    // the one before ran is skipped as it is read.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while worker.stats().skipped == skipped_before && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen.skipped = worker.stats().skipped - skipped_before;
     schedules.delete(&s.id).await.map_err(failed)?;
     println!(
-        "              {} of {} occurrences fired once, {} more than once; schedule deleted",
-        seen.once, seen.occurrences, seen.extra
+        "              {} of {} occurrences fired once, {} more than once; {} skipped by the worker while the one \
+         before ran; schedule deleted",
+        seen.once, seen.occurrences, seen.extra, seen.skipped
     );
     Ok(seen)
 }

@@ -25,7 +25,7 @@ pub(super) fn print(s: &DemoSummary, t: Tally) {
          {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
          held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
          exactly once: {} of {} jobs' follow-ups read back once, {} more than once\n           \
-         recurring: {} of {} occurrences fired once, {} more than once\n           \
+         recurring: {} of {} occurrences fired once, {} more than once, {} skipped while the one before ran\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
         s.done,
@@ -50,6 +50,7 @@ pub(super) fn print(s: &DemoSummary, t: Tally) {
         s.recurring.once,
         s.recurring.occurrences,
         s.recurring.extra,
+        s.recurring.skipped,
         t.started,
         t.owned
     );

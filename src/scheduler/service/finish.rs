@@ -123,10 +123,7 @@ pub(super) async fn finish_fire(
                     origin_partition: k.partition,
                     origin_offset: k.seq as i64,
                 };
-                dead.push((
-                    item,
-                    wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter),
-                ));
+                dead.push((item, wire::dead_job_record(&s.job, &d, &cfg.topics.dead_letter)));
             }
             Some(Err(e)) => {
                 warn!(job_id = %s.job.id, key = %s.job.key_lossy(), topic = %s.job.topic, partition = k.partition,

@@ -398,13 +398,11 @@ pub(super) fn read_batch(shared: &Shared, msgs: &[BorrowedMessage<'_>]) -> Vec<R
         }
         let view = RecordView::from_message(m);
         match wire::decode(&view, Context::Schedule, &cfg.limits) {
-            Ok(command) => {
-                b.records.push(Record {
-                    partition: p,
-                    offset,
-                    command,
-                })
-            }
+            Ok(command) => b.records.push(Record {
+                partition: p,
+                offset,
+                command,
+            }),
             Err(e) => {
                 warn!(partition = p, offset, reason = %e, "schedule record dead-lettered");
                 let d = DeadLetter {
