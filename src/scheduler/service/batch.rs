@@ -82,10 +82,11 @@ pub(super) struct Record {
     pub(super) command: Command,
 }
 
-/// The job id a schedule record names.
+/// The job id a schedule record names: the id a job is stored under
+/// ([`crate::Job::stored_id`]), the id a cancel or reschedule names.
 pub(super) fn id_of(c: &Command) -> JobId {
     match c {
-        Command::Schedule(job) => job.id,
+        Command::Schedule(job) => job.stored_id(),
         Command::Cancel(id) | Command::Reschedule { id, .. } | Command::Release { id, .. } => *id,
     }
 }

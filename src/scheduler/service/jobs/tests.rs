@@ -81,7 +81,7 @@ fn apply_put(
             },
         );
     }
-    pb.named(s.job.id).now = Some(Some(0));
+    pb.named(s.job.stored_id()).now = Some(Some(0));
     pb.due_puts.push(0);
     pb.changes.push(Change::Put(s));
     if !jobs.direct_candidates(p, &pb).is_empty() {
@@ -133,6 +133,34 @@ fn a_direct_job_holds_its_partitions_commit_from_admit_until_its_fire_is_release
     assert_eq!(jobs.offsets_to_store(), vec![(0, 7)]);
     assert_eq!(jobs.frontier_after_fires(0), Some(8));
     assert_eq!(jobs.frontier_after_fires(1), None, "nothing ingested from 1");
+}
+
+#[test]
+fn a_park_of_a_job_is_named_apart_and_leaves_the_jobs_direct_retry_alone() {
+    let jobs = jobs_with(100, &[]);
+    let retry = job("a", NOW - 5, 7);
+    let (mut parts, named) = apply_put(&jobs, 0, retry.clone());
+    assert_eq!(parts[&0].direct.len(), 1);
+    let fallback = jobs.admit(&[], &mut parts, NOW, &named);
+    assert!(fallback.is_empty());
+    jobs.settle(&parts, &fallback);
+    // A copy of the same job a worker parked behind its key, read next.
+    let mut park = retry.job.clone();
+    park.parked = Some(1);
+    let named = claim_one(&jobs, 0, 8, Command::Schedule(park.clone()));
+    assert_eq!(
+        named.keys().copied().collect::<Vec<_>>(),
+        vec![(0, park.stored_id())]
+    );
+    let claims = jobs.take_named(&named);
+    assert!(
+        matches!(claims[..], [(_, Claim::Held)]),
+        "the park takes nothing of the job's direct retry"
+    );
+    assert_eq!(jobs.direct_in_flight(), 1);
+    let t = take(&jobs);
+    assert_eq!(t.due.len(), 1, "the retry fires from memory");
+    assert_eq!(t.due[0].1.job.id, retry.job.id);
 }
 
 #[test]
