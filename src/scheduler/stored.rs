@@ -329,8 +329,9 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_3);
         assert_eq!(bytes.len(), s.encode().len() + 9 + 1 + 4 + 11 + 4);
         assert_eq!(StoredJob::decode(&bytes).unwrap(), v3);
-        // A park is stored under an id of its own (as every version wrote
-        // it) and decodes with its job's id.
+        // A park is stored under an id of its own (as schedulers have
+        // written parks since they gave them ids of their own) and decodes
+        // with its job's id.
         let stored = v3.job.id.for_park(7);
         assert_eq!(&bytes[1..17], stored.as_bytes());
         assert_eq!(StoredJob::peek(&bytes).map(|p| p.id), Some(stored));
