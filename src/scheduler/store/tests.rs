@@ -138,6 +138,40 @@ fn scans_in_run_at_then_arrival_order_per_partition() {
 }
 
 #[test]
+fn a_job_and_its_parks_are_kept_apart_under_their_stored_ids() {
+    let (_d, s) = open();
+    cascade_to(&s, 0, 10_000);
+    let retry = job("a", 1000);
+    let (mut park1, mut park2) = (
+        retry.clone(),
+        retry.clone().at(Utc.timestamp_millis_opt(50_000_000).unwrap()),
+    );
+    park1.parked = Some(1);
+    park2.parked = Some(2); // far
+    s.apply(0, &[put(&retry, 1), put(&park1, 2), put(&park2, 3)], None)
+        .unwrap();
+    assert_eq!(s.checkpoint(0).unwrap().pending, 3, "none replaced another");
+    assert_eq!(s.current(0, &retry.id).unwrap().unwrap().job, retry);
+    for p in [&park1, &park2] {
+        let got = s.current(0, &p.stored_id()).unwrap().unwrap().job;
+        assert_eq!(&got, p, "a park read back has its job's id and its number");
+    }
+    // A cancel names the job: its parks stay; a park goes by its own id.
+    s.apply(0, &[Change::Delete(retry.id)], None).unwrap();
+    assert_eq!(s.current(0, &retry.id).unwrap(), None);
+    assert_eq!(s.checkpoint(0).unwrap().pending, 2);
+    s.apply(0, &[Change::Delete(park2.stored_id())], None).unwrap();
+    let left: Vec<Job> = s
+        .scan_due(0, None, i64::MAX, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(_, sj)| sj.job)
+        .collect();
+    assert_eq!(left, vec![park1]);
+    assert_eq!(s.checkpoint(0).unwrap().pending, 1);
+}
+
+#[test]
 fn put_with_a_known_id_replaces_and_delete_removes_near_and_far() {
     let (_d, s) = open();
     cascade_to(&s, 0, 10_000);
