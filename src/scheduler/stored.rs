@@ -18,8 +18,9 @@ use crate::job::{Job, JobId, Priority};
 /// park number above `u32::MAX` (so that a store of narrow numbers reads in
 /// the versions before). Version 5 is version 4 followed by a flags byte
 /// (bit 0: [`Job::skip_if_busy`]), written only for a job with a flag set.
-/// Every version writes the id a job is stored under ([`Job::stored_id`]:
-/// a park's id of its own); decoding gives a park its job's id back.
+/// The id field holds the id a job is stored under ([`Job::stored_id`]: a
+/// park's id of its own, as schedulers have written parks since parks got
+/// ids of their own); decoding gives a park its job's id back.
 const FORMAT: u8 = 1;
 const FORMAT_2: u8 = 2;
 const FORMAT_3: u8 = 3;
