@@ -1,7 +1,7 @@
 //! Reading partitions of a topic up to their end as of the call, from their
 //! start, their newest records or a group's committed position: the
 //! dead-letter listing and replay, held keys read back on assignment and by
-//! `kairos keys`; and one record at its offset (a job whose writes Kafka
+//! `kairos keys`; and records at their offsets (jobs whose writes Kafka
 //! refused, read back to be dead-lettered).
 
 use std::collections::HashMap;
@@ -195,34 +195,89 @@ fn reader(cfg: &KafkaConfig, client_id: &str, group: &str) -> Result<BaseConsume
     rc.create()
 }
 
-/// `with` the record of `topic` at `partition` and `offset`; `None` when the
-/// partition holds none there (removed, or a transaction marker). Fails
-/// after `timeout`.
-pub fn read_at<T>(
+/// `with` the record at each of `positions` (topic, partition, offset),
+/// in their order; `None` where the partition holds none there (removed, or
+/// a transaction marker). One consumer reads them all: each partition from
+/// the lowest offset asked of it, up to the highest. Fails after `timeout`.
+pub fn read_each<T>(
     cfg: &KafkaConfig,
     client_id: &str,
-    (topic, partition, offset): (&str, i32, i64),
+    positions: &[(&str, i32, i64)],
     timeout: Duration,
-    with: impl FnOnce(&BorrowedMessage<'_>) -> T,
-) -> Result<Option<T>, ReadError> {
+    mut with: impl FnMut(&BorrowedMessage<'_>) -> T,
+) -> Result<Vec<Option<T>>, ReadError> {
     use rdkafka::Message as _;
+    let mut out: Vec<Option<T>> = positions.iter().map(|_| None).collect();
+    // Per partition, the offsets still to read and where each answer goes.
+    let mut wanted: HashMap<(&str, i32), std::collections::BTreeMap<i64, Vec<usize>>> = HashMap::new();
+    for (i, (topic, partition, offset)) in positions.iter().enumerate() {
+        let at = wanted.entry((*topic, *partition)).or_default();
+        at.entry(*offset).or_default().push(i);
+    }
+    if wanted.is_empty() {
+        return Ok(out);
+    }
     let consumer = reader(cfg, client_id, client_id)?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    for ((topic, partition), offsets) in &wanted {
+        let first = offsets.keys().next().copied().unwrap_or_default();
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(first))?;
+    }
     consumer.assign(&tpl)?;
+    // Offsets below `to` not met on the way are not there.
+    let pass = |offsets: &mut std::collections::BTreeMap<i64, Vec<usize>>, to: i64| {
+        let rest = offsets.split_off(&to);
+        std::mem::replace(offsets, rest)
+    };
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.partition() == partition && m.offset() == offset => return Ok(Some(with(&m))),
-            Some(Ok(m)) if m.partition() == partition && m.offset() > offset => return Ok(None),
-            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(None),
+            Some(Ok(m)) => {
+                let at = (m.topic(), m.partition());
+                let Some(offsets) = wanted
+                    .iter_mut()
+                    .find_map(|(k, offsets)| (*k == at).then_some(offsets))
+                else {
+                    continue;
+                };
+                pass(offsets, m.offset());
+                if let Some(at) = offsets.remove(&m.offset()) {
+                    for i in at {
+                        out[i] = Some(with(&m));
+                    }
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                // The end of partition `p` of one of the topics: whatever
+                // is asked below where each stands now is not there.
+                let at = consumer.position()?;
+                for ((topic, partition), offsets) in wanted.iter_mut().filter(|((_, q), _)| *q == p) {
+                    let end = at
+                        .find_partition(topic, *partition)
+                        .and_then(|e| e.offset().to_raw())
+                        .filter(|o| *o >= 0);
+                    if let Some(end) = end {
+                        pass(offsets, end);
+                    }
+                }
+            }
             Some(Err(e)) if !super::transient(&e) => return Err(e.into()),
             _ => {}
         }
+        wanted.retain(|_, offsets| !offsets.is_empty());
+        if wanted.is_empty() {
+            return Ok(out);
+        }
     }
+    let left: Vec<(&str, i32)> = wanted.keys().copied().collect();
+    let topic = left.first().map_or("", |(t, _)| *t);
     Err(ReadError::Unfinished {
         topic: topic.to_string(),
-        partitions: vec![partition],
+        partitions: left
+            .iter()
+            .filter(|(t, _)| *t == topic)
+            .map(|(_, p)| *p)
+            .collect(),
         timeout,
     })
 }

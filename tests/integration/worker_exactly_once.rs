@@ -192,6 +192,59 @@ async fn a_job_whose_follow_up_kafka_refuses_is_dead_lettered_alone_and_the_roun
     system.stop().await;
 }
 
+/// Refused jobs are read back by one reader: each position asked gets its
+/// own record, whatever the order asked in, on topics whose partition
+/// numbers are the same, and a position asked twice gets it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_read_back_at_each_position_asked_by_one_reader() {
+    let (s, follow) = eos().await;
+    let cfg = &s.cfg;
+    let topics = [s.work.as_str(), follow.as_str()];
+    let raw: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cfg.kafka.brokers)
+        .create()
+        .unwrap();
+    // Ten records in partition 0 and 1 of both topics: payload names them.
+    let mut at = HashMap::new();
+    for topic in topics {
+        for partition in 0..2 {
+            for i in 0..10 {
+                let payload = format!("{topic}/{partition}/{i}");
+                let rec = rdkafka::producer::FutureRecord::to(topic)
+                    .partition(partition)
+                    .key("k")
+                    .payload(&payload);
+                let d = raw.send(rec, Duration::from_secs(10)).await.unwrap();
+                at.insert((topic.to_string(), d.partition, d.offset), payload);
+            }
+        }
+    }
+    let mut asked: Vec<(&str, i32, i64)> = at.keys().map(|(t, p, o)| (t.as_str(), *p, *o)).collect();
+    asked.sort_by_key(|(t, p, o)| (std::cmp::Reverse(*o), *p, *t));
+    // Every third, and one twice.
+    let mut asked: Vec<(&str, i32, i64)> = asked.into_iter().step_by(3).collect();
+    asked.push(asked[2]);
+    let brokers = cfg.kafka.clone();
+    let positions: Vec<(String, i32, i64)> = asked.iter().map(|(t, p, o)| (t.to_string(), *p, *o)).collect();
+    let got = tokio::task::spawn_blocking(move || {
+        let positions: Vec<(&str, i32, i64)> =
+            positions.iter().map(|(t, p, o)| (t.as_str(), *p, *o)).collect();
+        kairos::kafka::read_each(&brokers, "read-each-test", &positions, T, |m| {
+            String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned()
+        })
+    })
+    .await
+    .unwrap()
+    .expect("read back");
+    let want: Vec<Option<String>> = asked
+        .iter()
+        .map(|(t, p, o)| at.get(&(t.to_string(), *p, *o)).cloned())
+        .collect();
+    assert_eq!(got.len(), asked.len());
+    assert!(want.iter().all(Option::is_some), "{want:?}");
+    assert_eq!(got, want);
+}
+
 /// A `kairos worker` process on `cfg`, optionally told to hang at a step
 /// of its first transaction with records; its stderr goes to `log`.
 fn spawn_worker(cfg: &Config, dir: &Path, hang_at: Option<&str>) -> (ChildGuard, PathBuf) {

@@ -44,11 +44,11 @@ pub(super) fn dead_letter(
             max.message.bytes is below the producer's batch.size ([kafka.producer] batch.size)"
         );
     }
-    let mut replaced = 0;
+    let dlq = &shared.cfg.topics.dead_letter;
+    let mut jobs = Vec::new();
     for (i, refusal) in found {
-        let (tp, offset, records) = &mut round.records[i];
+        let (tp, offset, records) = &round.records[i];
         let (topic, partition, offset) = (shared.topics.names[tp.0].as_str(), tp.1, *offset);
-        let dlq = &shared.cfg.topics.dead_letter;
         if records.iter().all(|r| &r.topic == dlq) {
             error!(topic, partition, offset, error = %refusal,
                 "the dead-letter topic refuses a job's dead letter: no offset of this worker moves until it takes it");
@@ -60,34 +60,57 @@ pub(super) fn dead_letter(
             origin_partition: partition,
             origin_offset: offset,
         };
-        let read = kafka::read_at(
-            &shared.cfg.kafka,
-            "kairos-worker-refused",
-            (topic, partition, offset),
-            READ_BACK,
-            |m| {
-                let view = RecordView::from_message(m);
-                let id = match wire::decode(&view, Context::Work, &shared.cfg.limits) {
-                    Ok(Command::Schedule(job)) => Some(job.id),
-                    _ => None,
-                };
-                let rec = wire::dead_letter_record(&view, &dead, dlq, &shared.cfg.limits);
-                (id, rec)
-            },
-        );
-        match read {
-            Ok(Some((id, rec))) => {
+        jobs.push((i, refusal, dead));
+    }
+    // Read back together: one reader for all of them.
+    let positions: Vec<(&str, i32, i64)> = jobs
+        .iter()
+        .map(|(_, _, d)| (d.origin_topic.as_str(), d.origin_partition, d.origin_offset))
+        .collect();
+    let read = kafka::read_each(
+        &shared.cfg.kafka,
+        "kairos-worker-refused",
+        &positions,
+        READ_BACK,
+        |m| {
+            // Records come per partition in offset order, not in the jobs'
+            // order: the job is found by its position.
+            use rdkafka::Message as _;
+            let at = (m.topic(), m.partition(), m.offset());
+            let dead = jobs
+                .iter()
+                .map(|(_, _, d)| d)
+                .find(|d| (d.origin_topic.as_str(), d.origin_partition, d.origin_offset) == at);
+            let view = RecordView::from_message(m);
+            let id = match wire::decode(&view, Context::Work, &shared.cfg.limits) {
+                Ok(Command::Schedule(job)) => Some(job.id),
+                _ => None,
+            };
+            dead.map(|d| (id, wire::dead_letter_record(&view, d, dlq, &shared.cfg.limits)))
+        },
+    );
+    let read = match read {
+        Ok(read) => read,
+        Err(e) => {
+            warn!(jobs = jobs.len(), error = %e,
+                "reading jobs whose writes were refused back failed; the next round tries again");
+            return Ok(0);
+        }
+    };
+    let mut replaced = 0;
+    for ((i, refusal, dead), got) in jobs.into_iter().zip(read) {
+        let (topic, partition, offset) = (&dead.origin_topic, dead.origin_partition, dead.origin_offset);
+        match got.flatten() {
+            Some((id, rec)) => {
                 warn!(job_id = ?id, topic, partition, offset, error = %refusal,
                     "a write of the job was refused by Kafka for good: the job is dead-lettered instead");
-                *records = vec![rec];
+                round.records[i].2 = vec![rec];
                 replaced += 1;
                 shared.stats.refused.fetch_add(1, Ordering::Relaxed);
                 shared.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(None) => error!(topic, partition, offset, error = %refusal,
+            None => error!(topic, partition, offset, error = %refusal,
                 "a write of the job was refused by Kafka for good, and its record is gone: it cannot be dead-lettered"),
-            Err(e) => warn!(topic, partition, offset, error = %e,
-                "reading a job whose write was refused back failed; the next round tries again"),
         }
     }
     Ok(replaced)
