@@ -395,17 +395,6 @@ impl Config {
         if w.transaction_timeout < Duration::from_secs(1) {
             return Err(invalid("worker.transaction_timeout", "must be at least 1s"));
         }
-        if w.exactly_once {
-            if let Some(t) = w.topics.iter().find(|t| w.holds_keys(t)) {
-                return Err(ConfigError::Invalid {
-                    key: "worker.exactly_once",
-                    message: format!(
-                        "topic `{t}` holds keys (on_failure = \"hold_key\" or pacing), which \
-                         exactly-once settlement does not cover yet: turn one of them off"
-                    ),
-                });
-            }
-        }
         // librdkafka refuses a session longer than max.poll.interval.ms
         // (300 s by default); Kafka brokers refuse one under 6 s by default.
         for (key, d) in [

@@ -339,6 +339,14 @@ async fn held_keys_keep_their_order_through_killed_schedulers_workers_and_a_rest
     crash_suite(Mode::HoldKey, Faults::Processes).await;
 }
 
+/// Held keys in exactly-once mode: every job writes a follow-up, failing
+/// jobs hold their keys and their later jobs are parked; no job fires
+/// twice, each follow-up is written once, and each key's order holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_held_keys_keep_their_order_and_write_once_through_faults() {
+    crash_suite(Mode::ExactlyOnceHoldKey, Faults::Processes).await;
+}
+
 /// What the crash suite kills.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Faults {
@@ -364,13 +372,25 @@ enum Mode {
     /// A plain topic, scheduler and workers in exactly-once mode; each job
     /// writes a follow-up to a topic of its own.
     ExactlyOnce,
+    /// Both: exactly-once mode on a topic whose failing jobs hold their keys.
+    ExactlyOnceHoldKey,
 }
 
 impl Mode {
+    /// Scheduler and workers in exactly-once mode.
+    fn exactly_once(self) -> bool {
+        matches!(self, Mode::ExactlyOnce | Mode::ExactlyOnceHoldKey)
+    }
+
+    /// Failing jobs hold their keys.
+    fn holds_keys(self) -> bool {
+        matches!(self, Mode::HoldKey | Mode::ExactlyOnceHoldKey)
+    }
+
     /// The tenant of key `k` of `keys` (`None` on a plain topic).
     fn tenant(self, k: usize, keys: usize) -> Option<String> {
         match self {
-            Mode::Plain | Mode::HoldKey | Mode::ExactlyOnce => None,
+            Mode::Plain | Mode::HoldKey | Mode::ExactlyOnce | Mode::ExactlyOnceHoldKey => None,
             Mode::Fair if k < keys / 2 => Some("flood".into()),
             Mode::Fair => Some(format!("small{}", k % 10)),
         }
@@ -381,8 +401,8 @@ impl Mode {
     fn fails(self, k: usize, seq: usize) -> u32 {
         let n = k * 7 + seq;
         match self {
-            Mode::HoldKey if n.is_multiple_of(20) => 2,
-            Mode::HoldKey => u32::from(n.is_multiple_of(10)),
+            _ if self.holds_keys() && n.is_multiple_of(20) => 2,
+            _ if self.holds_keys() => u32::from(n.is_multiple_of(10)),
             _ => u32::from(n.is_multiple_of(20)),
         }
     }
@@ -447,7 +467,10 @@ async fn crash_suite(mode: Mode, faults: Faults) {
         Mode::Fair => cfg.fair.topics = cfg.topics.work.clone(),
         Mode::HoldKey => cfg.worker.on_failure = kairos::config::OnFailure::HoldKey,
         Mode::Plain => {}
-        Mode::ExactlyOnce => {
+        Mode::ExactlyOnce | Mode::ExactlyOnceHoldKey => {
+            if mode.holds_keys() {
+                cfg.worker.on_failure = kairos::config::OnFailure::HoldKey;
+            }
             // A scheduler paused past its session (a zombie) loses its
             // partitions within seconds; one killed and restarted at once
             // is back well within it. (With the leader killed, the shipped
@@ -518,7 +541,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
                 };
                 let fail = mode.fails(k, seq);
                 let then = match mode {
-                    Mode::ExactlyOnce => format!(" then={follow}"),
+                    _ if mode.exactly_once() => format!(" then={follow}"),
                     _ => String::new(),
                 };
                 let mut job = Job::new(
@@ -572,7 +595,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     // SIGKILL, 2 worker SIGTERM + restart, 3 (exactly-once mode) a
     // scheduler paused past its session and resumed, a zombie; in that
     // mode the second fault is always a zombie.
-    let eos = mode == Mode::ExactlyOnce;
+    let eos = mode.exactly_once();
     let kinds_allowed: Vec<u32> =
         only_kinds
             .clone()
@@ -685,7 +708,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    if mode == Mode::ExactlyOnce {
+    if mode.exactly_once() {
         // A job's follow-up commits with its offset, in the commit round
         // after its success was logged: wait for the last rounds.
         wait_for("every follow-up committed", Duration::from_secs(120), || {
@@ -706,7 +729,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     let brokers = cfg.kafka.brokers.clone();
     // Work topic: every record, in partition order (in exactly-once mode,
     // every committed one, as read_committed readers see them).
-    let records = if mode == Mode::ExactlyOnce {
+    let records = if mode.exactly_once() {
         read_all(&brokers, &work, "read_committed", Duration::from_secs(60))
     } else {
         let n = record_count(&brokers, &work) as usize;
@@ -778,7 +801,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     // With held keys, across retries too: no run of a job starts before
     // every job of its key written to the work topic before it succeeded.
     let mut held_order_broken = 0;
-    if mode == Mode::HoldKey {
+    if mode.holds_keys() {
         let mut position: HashMap<JobId, (&str, usize)> = HashMap::new();
         for (key, ids) in &first_write {
             for (i, id) in ids.iter().enumerate() {
@@ -871,7 +894,7 @@ async fn crash_suite(mode: Mode, faults: Faults) {
     );
     assert_eq!(overlaps, 0);
     assert_eq!(dead, 0, "no job should have used up its attempts");
-    if mode == Mode::ExactlyOnce {
+    if mode.exactly_once() {
         // Copies beyond each job's attempts, of jobs the producer wrote once.
         let fired_twice = work_copies
             .iter()

@@ -32,6 +32,7 @@
 //! carries it out.
 
 pub mod claim;
+pub mod progress;
 pub mod record;
 
 use serde::{Deserialize, Serialize};

@@ -68,6 +68,19 @@ impl OffsetTracker {
         self.parts.get(&partition).map(PartitionOffsets::commit_point)
     }
 
+    /// Whether the record at `offset` of `partition` was read and is not
+    /// finished.
+    pub fn is_open(&self, partition: (usize, i32), offset: i64) -> bool {
+        self.parts.get(&partition).is_some_and(|p| p.open.contains(&offset))
+    }
+
+    /// `partition`'s commit point, the offset after the last record read,
+    /// and the records between them not finished (ascending).
+    pub fn progress(&self, partition: (usize, i32)) -> Option<(i64, i64, Vec<i64>)> {
+        let p = self.parts.get(&partition)?;
+        Some((p.commit_point(), p.next, p.open.iter().copied().collect()))
+    }
+
     /// Forget `partition` (revoked).
     pub fn remove(&mut self, partition: (usize, i32)) {
         self.parts.remove(&partition);

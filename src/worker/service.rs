@@ -20,6 +20,7 @@
 
 mod drive;
 mod held;
+mod held_round;
 mod jobs;
 mod keeper;
 mod metrics;
@@ -27,6 +28,7 @@ mod offsets;
 mod pace;
 mod poll;
 mod ready;
+mod round;
 mod stats;
 mod touch;
 mod transactions;
@@ -159,6 +161,13 @@ struct WorkerState {
     /// Exactly-once mode: per partition, the writes of its finished jobs
     /// by offset, until a transaction commits the partition past them.
     staged: HashMap<Tp, std::collections::BTreeMap<i64, Vec<crate::wire::OwnedRecord>>>,
+    /// Exactly-once mode: per holdable partition, the held keys whose
+    /// holds changed since a transaction last took them.
+    dirty: HashMap<Tp, crate::hash::HashSet<Vec<u8>>>,
+    /// Exactly-once mode: per holdable partition, the records above its
+    /// committed offset that its last owner finished (read back on
+    /// assignment; see [`crate::worker::hold::progress`]).
+    done_above: HashMap<Tp, crate::worker::hold::progress::Done>,
 }
 
 impl WorkerState {
@@ -369,7 +378,13 @@ impl WorkerBuilder {
             keeper_inbox,
             shared: Arc::new(Shared {
                 handler: Arc::new(handler),
-                jobs: WorkerJobs::new(holds),
+                jobs: WorkerJobs::new(
+                    holds,
+                    w.exactly_once.then(|| held_round::Naming {
+                        held: cfg.topics.held.clone(),
+                        topics: w.topics.clone(),
+                    }),
+                ),
                 topics: Topics {
                     names: w.topics.clone(),
                     holding: w.topics.iter().map(|t| w.holds_keys(t)).collect(),

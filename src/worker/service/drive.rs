@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument};
 
 use super::held;
+use super::keeper;
 use super::pace;
 use super::ready::{start_ready, Start};
 use super::transactions::StageIn;
@@ -107,7 +108,7 @@ pub(super) fn settle_finished(shared: &Shared, done: &mut Vec<Finished>) -> Vec<
         }
         // Handed to the keeper under the lock that gave them their park
         // sequence, so that the keeper writes them in that order.
-        shared.out.keeper.park(std::mem::take(&mut parks));
+        keeper::hand(shared, &mut st, std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
     shared.jobs.notify_finished();
@@ -206,7 +207,7 @@ async fn run(shared: Arc<Shared>, start: Start) -> Finished {
     let settled = match settled {
         // Its key's hold, if it has one, is written before it counts as finished.
         Some(s)
-            if held::settled(&shared, &job, tp, generation, &s)
+            if held::settled(&shared, &job, (tp, offset, generation), &s)
                 .instrument(span)
                 .await =>
         {

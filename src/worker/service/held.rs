@@ -21,7 +21,7 @@ use crate::hash::HashMap;
 use crate::job::{Job, JobId};
 use crate::kafka;
 use crate::wire::OwnedRecord;
-use crate::worker::hold::{claim, record, Admit, Cause, HoldUpdate, HoldWrite, Settlement};
+use crate::worker::hold::{claim, progress, record, Admit, Cause, HoldUpdate, HoldWrite, Settlement};
 use crate::worker::settle::Settled;
 
 /// Longest the held topic's partitions may take to read on assignment.
@@ -55,6 +55,8 @@ pub(super) fn load<C: ConsumerContext>(
         .iter()
         .map(|(tp, (_, c))| (*tp, claim::ReadBack::new(*c)))
         .collect();
+    // Progress records (exactly once), by partition and claim: the last.
+    let mut progress_read: HashMap<(Tp, u64), Option<Vec<u8>>> = HashMap::default();
     let mut partitions: Vec<i32> = tps.iter().map(|tp| tp.1).collect();
     partitions.sort_unstable();
     partitions.dedup();
@@ -67,6 +69,12 @@ pub(super) fn load<C: ConsumerContext>(
         |m| {
             use rdkafka::Message as _;
             let Some(record_key) = m.key() else { return };
+            if let Some((claim, topic)) = progress::split_key(record_key) {
+                if let Some(tp) = shared.tp(topic, m.partition()).filter(|tp| reads.contains_key(tp)) {
+                    progress_read.insert((tp, claim), m.payload().map(<[u8]>::to_vec));
+                }
+                return;
+            }
             let Some((claim, topic, key)) = record::split_key(record_key) else {
                 return;
             };
@@ -117,6 +125,28 @@ pub(super) fn load<C: ConsumerContext>(
                     .into_iter()
                     .map(|k| (tombstone(shared, k), Some(tp.1))),
             );
+        }
+        for ((tp, claim), value) in progress_read {
+            let topic = &shared.topics.names[tp.0];
+            let (offset, committed_claim) = committed[&tp];
+            if value.is_some() {
+                // Of an earlier claim once this one is committed.
+                let key = progress::record_key(claim, topic);
+                deletes.push((tombstone(shared, key), Some(tp.1)));
+            }
+            if committed_claim != Some(claim) {
+                continue;
+            }
+            match progress::decode(value.as_deref()) {
+                Ok(Some(done)) if offset.is_some_and(|o| done.to > o) => {
+                    let rec = progress::record(&shared.cfg.topics.held, claims[&tp], topic, &done);
+                    rewrite.push((rec, Some(tp.1)));
+                    st.done_above.insert(tp, done);
+                }
+                Ok(_) => {}
+                Err(e) => error!(topic, partition = tp.1, error = %e,
+                    "progress record unreadable: jobs done above the committed offset run again"),
+            }
         }
     }
     if !rewrite.is_empty() {
@@ -341,7 +371,15 @@ pub(super) fn park_buffered(st: &mut WorkerState, tp: Tp, key: &[u8], parks: &mu
 /// `job`'s outcome is written: update its key's hold and write it before
 /// the job counts as finished. `false` when the write could not be made
 /// (the partition went): the job stays unfinished.
-pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64, settled: &Settled) -> bool {
+///
+/// In exactly-once mode the hold changes and the job finishes under one
+/// lock, and the next transaction writes both (see `held_round`).
+pub(super) async fn settled(
+    shared: &Shared,
+    job: &Job,
+    (tp, offset, generation): (Tp, i64, u64),
+    settled: &Settled,
+) -> bool {
     if !shared.topics.holding[tp.0] {
         return true;
     }
@@ -391,7 +429,11 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
             }
             _ => {}
         }
-        shared.out.keeper.park(parks);
+        keeper::hand(shared, &mut st, parks);
+        if shared.cfg.worker.exactly_once && matches!(update, HoldUpdate::Write(_)) {
+            st.dirty.entry(tp).or_default().insert(job.key.clone());
+            st.finish(tp, offset, Some(generation));
+        }
         update
     };
     match update {
@@ -408,6 +450,10 @@ pub(super) async fn settled(shared: &Shared, job: &Job, tp: Tp, generation: u64,
                     info!(job_id = %job.id, key = %job.key_lossy(), partition = tp.1, attempt = b.attempt,
                         cause = ?b.cause, held_ms = now_ms - h.since_ms, "key held");
                 }
+            }
+            if shared.cfg.worker.exactly_once {
+                // Taken by the next transaction, with the job's writes.
+                return shared.jobs.lock().owned.get(&tp).is_some_and(|o| o.generation == generation);
             }
             shared.out.keeper.write(tp, job.key.clone(), generation).await
         }
@@ -441,7 +487,7 @@ pub(super) fn release(shared: &Arc<Shared>, tp: Tp, offset: i64, key: Vec<u8>, i
         move || {
             let (s, key) = (s.clone(), key.clone());
             async move {
-                if !s.out.keeper.write(tp, key, generation).await {
+                if !keeper::write(&s, tp, key, generation).await {
                     return Err("the hold was not written".to_string());
                 }
                 // Bring the released job back now, to be dead-lettered.
@@ -475,9 +521,9 @@ pub(super) fn park_overdue_waiting(shared: &Arc<Shared>) {
         if let Some(generation) = st.owned.get(&tp).map(|o| o.generation) {
             let s = shared.clone();
             shared.drivers.runtime.spawn(async move {
-                s.out.keeper.write(tp, key.to_vec(), generation).await;
+                keeper::write(&s, tp, key.to_vec(), generation).await;
             });
         }
     }
-    shared.out.keeper.park(parks);
+    keeper::hand(shared, &mut st, parks);
 }

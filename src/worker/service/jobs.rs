@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::held_round::{self, Naming};
+use super::round::{CommitPoint, Round};
 use super::{Owned, Tp, WorkerState};
 
 use crate::hash::HashMap;
@@ -41,26 +43,9 @@ pub(super) struct WorkerJobs {
     commit_lock: Mutex<()>,
     /// Keys held now (the state's `holds`, read without its lock).
     held_now: Arc<AtomicUsize>,
-}
-
-/// A commit point to store or commit: partition, offset, and the claim the
-/// commit carries (holdable partitions only).
-pub(super) type CommitPoint = (Tp, i64, Option<u64>);
-
-/// What one commit writes: the commit points that moved and, in
-/// exactly-once mode, the staged writes of the records below them, in
-/// partition and offset order.
-#[derive(Default)]
-pub(super) struct Round {
-    pub(super) points: Vec<CommitPoint>,
-    pub(super) records: Vec<(Tp, i64, Vec<OwnedRecord>)>,
-}
-
-impl Round {
-    /// Records to write.
-    pub(super) fn record_count(&self) -> usize {
-        self.records.iter().map(|(.., r)| r.len()).sum()
-    }
+    /// Exactly-once mode: how held-topic records are named (the
+    /// transactions of holdable partitions write them).
+    naming: Option<Naming>,
 }
 
 impl WorkerState {
@@ -94,7 +79,7 @@ impl WorkerState {
     }
 
     /// Add `records` to those staged for the record of `tp` at `offset`.
-    fn keep_staged(&mut self, tp: Tp, offset: i64, records: Vec<OwnedRecord>) {
+    pub(super) fn keep_staged(&mut self, tp: Tp, offset: i64, records: Vec<OwnedRecord>) {
         if !records.is_empty() {
             let at = self.staged.entry(tp).or_default().entry(offset).or_default();
             at.extend(records);
@@ -121,9 +106,11 @@ impl WorkerState {
 }
 
 impl WorkerJobs {
-    /// An empty state, with `holds` for the held keys.
-    pub(super) fn new(holds: Holds<Tp>) -> WorkerJobs {
+    /// An empty state, with `holds` for the held keys; `naming` in
+    /// exactly-once mode.
+    pub(super) fn new(holds: Holds<Tp>, naming: Option<Naming>) -> WorkerJobs {
         WorkerJobs {
+            naming,
             held_now: holds.counter(),
             state: Mutex::new(WorkerState {
                 holds,
@@ -231,7 +218,9 @@ impl WorkerJobs {
 
     /// Last step of a release (under [`WorkerJobs::committing`]): forget
     /// `tps`; returns what to commit for them (their staged writes above
-    /// their commit points are dropped: those jobs run again elsewhere).
+    /// their commit points are dropped: those jobs run again elsewhere;
+    /// in exactly-once mode a partition whose keys can be held commits its
+    /// finished jobs' writes with its progress instead).
     pub(super) fn let_go(&self, tps: &[Tp]) -> Round {
         let mut st = self.lock();
         let mut points = Vec::new();
@@ -240,8 +229,20 @@ impl WorkerJobs {
                 points.push(st.commit_point(*tp, c));
             }
         }
-        let records = st.staged_below(&points);
+        let mut round = Round {
+            points,
+            ..Round::default()
+        };
+        if let Some(naming) = &self.naming {
+            for tp in tps {
+                held_round::take(&mut st, naming, *tp, &mut round);
+            }
+        }
+        let below = st.staged_below(&round.points);
+        round.records.extend(below);
         for tp in tps {
+            st.dirty.remove(tp);
+            st.done_above.remove(tp);
             st.staged.remove(tp);
             st.tracker.remove(*tp);
             st.owned.remove(tp);
@@ -249,7 +250,7 @@ impl WorkerJobs {
             st.holds.drop_partition(*tp);
             st.waiting.retain(|(p, _), _| p != tp);
         }
-        Round { points, records }
+        round
     }
 
     // --- records and offsets ---
@@ -328,8 +329,19 @@ impl WorkerJobs {
         if let (true, Some(stale_after)) = (points.is_empty(), keep_alive) {
             points = keep_alive_points(&st, stale_after).unwrap_or_default();
         }
-        let records = st.staged_below(&points);
-        Round { points, records }
+        let mut round = Round {
+            points,
+            ..Round::default()
+        };
+        if let Some(naming) = &self.naming {
+            let owned: Vec<Tp> = st.owned.keys().copied().collect();
+            for tp in owned {
+                held_round::take(&mut st, naming, tp, &mut round);
+            }
+        }
+        let below = st.staged_below(&round.points);
+        round.records.extend(below);
+        round
     }
 
     /// A round that did not commit (its transaction aborted): its points
@@ -348,6 +360,40 @@ impl WorkerJobs {
                 st.keep_staged(tp, offset, records);
             }
         }
+        held_round::put_back(&mut st, round.dirty);
+    }
+
+    /// Of records just read, those not done already: in exactly-once mode,
+    /// a partition's last owner may have committed the writes of records
+    /// above its commit point (see [`crate::worker::hold::progress`]);
+    /// those are finished at once. `at` names a record's partition and
+    /// offset.
+    pub(super) fn skip_done<T>(&self, records: Vec<T>, at: impl Fn(&T) -> (Tp, i64)) -> Vec<T> {
+        let mut st = self.lock();
+        if st.done_above.is_empty() {
+            return records;
+        }
+        let st = &mut *st;
+        // All count as read first: one done finished alone would move the
+        // commit point past the others.
+        for r in &records {
+            let (tp, offset) = at(r);
+            if st.owned.contains_key(&tp) {
+                st.tracker.read(tp, offset);
+            }
+        }
+        records
+            .into_iter()
+            .filter(|r| {
+                let (tp, offset) = at(r);
+                let done = st.owned.contains_key(&tp) && st.done_above.get(&tp).is_some_and(|d| d.contains(offset));
+                if done {
+                    tracing::debug!(partition = tp.1, offset, "done by the partition's last owner: skipped");
+                    st.finish(tp, offset, None);
+                }
+                !done
+            })
+            .collect()
     }
 
     /// Where every owned partition stands, to commit when the coordinator
@@ -408,6 +454,12 @@ fn keep_alive_points(st: &WorkerState, stale_after: Duration) -> Option<Vec<Comm
         .collect();
     Some(points)
 }
+
+#[cfg(test)]
+use crate::worker::hold::{
+    progress::{self, Done},
+    record,
+};
 
 #[cfg(test)]
 mod tests;

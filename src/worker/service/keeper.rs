@@ -8,6 +8,11 @@
 //! reach the scheduler in the order they were parked; parked jobs' offsets
 //! are finished, and waiting settlements answered, only once their round
 //! is acknowledged.
+//!
+//! In exactly-once mode the keeper writes nothing: parked jobs are staged
+//! under the state lock that numbered them, and finished, and changed holds
+//! are left to the next transaction ([`hand`], [`write`]; see
+//! `held_round`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::{Shared, Tp};
+use super::{Shared, Tp, WorkerState};
 
 use crate::hash::HashSet;
 use crate::job::Job;
@@ -94,6 +99,60 @@ impl Keeper {
         };
         self.tx.send(req).is_ok() && answer.await.unwrap_or(false)
     }
+}
+
+/// Hand parked and handed-over jobs on, under the state lock that gave
+/// them their park numbers: to the keeper, or in exactly-once mode staged
+/// at their offsets and finished at once, their holds counting them (the
+/// next transaction writes both).
+pub(super) fn hand(shared: &Shared, st: &mut WorkerState, jobs: Vec<ParkedJob>) {
+    if !shared.cfg.worker.exactly_once {
+        shared.out.keeper.park(jobs);
+        return;
+    }
+    let (mut parked, mut handed) = (0u64, 0u64);
+    for p in jobs {
+        if let Some(n) = st.in_flight.get_mut(&p.tp) {
+            *n = n.saturating_sub(1);
+        }
+        if !owned(st, &p.tp, p.generation) {
+            continue;
+        }
+        let rec = wire::encode(&p.job, &shared.cfg.topics.schedule);
+        st.keep_staged(p.tp, p.offset, vec![rec]);
+        match p.job.parked {
+            Some(seq) => {
+                let hold = st.holds.get_mut(p.tp, &p.job.key);
+                if let Some(h) = hold.filter(|h| Some(h.since_ms) == p.hold) {
+                    h.sent(seq, p.fresh.then_some(p.offset));
+                }
+                st.dirty.entry(p.tp).or_default().insert(p.job.key.clone());
+                parked += 1;
+            }
+            None => handed += 1,
+        }
+        st.finish(p.tp, p.offset, Some(p.generation));
+    }
+    shared.stats.parked.fetch_add(parked, Ordering::Relaxed);
+    shared
+        .stats
+        .handed_to_scheduler
+        .fetch_add(handed, Ordering::Relaxed);
+}
+
+/// Write `key`'s hold in `tp` as it is now: through the keeper (whether it
+/// was acknowledged), or in exactly-once mode by the next transaction
+/// (whether `tp` is still owned as asked).
+pub(super) async fn write(shared: &Shared, tp: Tp, key: Vec<u8>, generation: u64) -> bool {
+    if shared.cfg.worker.exactly_once {
+        let mut st = shared.jobs.lock();
+        if !owned(&st, &tp, generation) {
+            return false;
+        }
+        st.dirty.entry(tp).or_default().insert(key);
+        return true;
+    }
+    shared.out.keeper.write(tp, key, generation).await
 }
 
 /// The keeper task: one round at a time, everything queued since the last;

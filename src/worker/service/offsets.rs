@@ -10,7 +10,7 @@ use tracing::warn;
 
 use rdkafka::TopicPartitionList;
 
-use super::jobs::CommitPoint;
+use super::round::CommitPoint;
 use super::{Shared, Tp, WorkerCounters};
 
 use crate::worker::hold::claim;

@@ -13,6 +13,7 @@ use rdkafka::{ClientContext, Message, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::held;
+use super::keeper;
 use super::offsets::{offset_to_commit, send_or_stage, write_in_background};
 use super::ready::start_ready;
 use super::touch::keep_alive;
@@ -348,6 +349,9 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             Some((m, tp, view, d))
         })
         .collect();
+    // Exactly once: records whose writes the partition's last owner
+    // committed above its commit point are done already.
+    let decoded = shared.jobs.skip_done(decoded, |(m, tp, ..)| (*tp, m.offset()));
     let is_job = |d: &Result<Command, _>| matches!(d, Ok(Command::Schedule(_)));
     // Every job of the batch counts as unfinished before any other record
     // of it can finish: a release or a dead letter at a higher offset, done
@@ -403,7 +407,7 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
         }
         // Handed to the keeper under the lock that gave them their park
         // sequence, so that the keeper writes them in that order.
-        shared.out.keeper.park(std::mem::take(&mut parks));
+        keeper::hand(shared, &mut st, std::mem::take(&mut parks));
         start_ready(shared, &mut st)
     };
     for e in early {

@@ -25,7 +25,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
 use tracing::{debug, warn};
 
-use super::jobs::Round;
+use super::round::Round;
 use super::offsets::offset_to_commit;
 use super::{Shared, WorkerError};
 
@@ -131,6 +131,7 @@ fn attempt<C: ConsumerContext>(
     hang(Step::Before);
     producer.begin()?;
     write_jobs(producer, round, 0..round.records.len(), suspects)?;
+    write_pinned(producer, &round.pinned)?;
     hang(Step::Inside);
     let mut tpl = TopicPartitionList::new();
     for point in &round.points {
@@ -209,6 +210,21 @@ fn write_jobs(
         .map_or(Ok(()), |e| Err(TxnError::Abortable(e)))
 }
 
+/// Write held-topic records, each to its partition, and wait for their
+/// acknowledgements.
+fn write_pinned(producer: &Transactional, records: &[(i32, OwnedRecord)]) -> Result<(), TxnError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let sends: Vec<(&OwnedRecord, Option<i32>)> = records.iter().map(|(p, r)| (r, Some(*p))).collect();
+    let acks = futures::executor::block_on(kafka::enqueue_all(producer.producer(), &sends));
+    let acked = futures::executor::block_on(futures::future::join_all(acks));
+    match acked.into_iter().find_map(Result::err) {
+        Some(e) => Err(TxnError::Abortable(e)),
+        None => Ok(()),
+    }
+}
+
 /// The transaction thread: until the worker stops, every `every` commit
 /// what finished, or (nothing moved) where the partitions stand
 /// when the group coordinator was not heard from lately. An aborted round
@@ -225,7 +241,7 @@ pub(super) fn run<C: ConsumerContext>(
         let mut round = shared
             .jobs
             .take_round(Some(shared.cfg.worker.session_timeout / 6));
-        if round.points.is_empty() {
+        if round.is_empty() {
             continue;
         }
         match txn.commit(shared, consumer, &mut round) {

@@ -7,7 +7,26 @@ use super::*;
 const TP: Tp = (0, 3);
 
 fn jobs() -> WorkerJobs {
-    WorkerJobs::new(Holds::new(16))
+    WorkerJobs::new(Holds::new(16), None)
+}
+
+/// Exactly-once mode, work topic `work` (partition 3 is [`TP`]).
+fn eos_jobs() -> WorkerJobs {
+    let naming = Naming {
+        held: "held".into(),
+        topics: vec!["work".into()],
+    };
+    WorkerJobs::new(Holds::new(16), Some(naming))
+}
+
+/// The progress record of a round, decoded.
+fn progress_of(round: &Round) -> Option<Done> {
+    round.pinned.iter().find_map(|(p, r)| {
+        assert_eq!(*p, TP.1, "on the work partition's number");
+        let (claim, topic) = progress::split_key(&r.key)?;
+        assert_eq!((claim, topic), (7, "work"));
+        progress::decode(r.value.as_deref()).unwrap()
+    })
 }
 
 fn assign(jobs: &WorkerJobs, claim: Option<u64>) -> CancellationToken {
@@ -207,5 +226,87 @@ fn a_release_commits_the_writes_below_its_point_and_drops_the_rest() {
         jobs.take_round(None).record_count(),
         0,
         "nothing of the first ownership is left"
+    );
+}
+
+#[test]
+fn exactly_once_a_holdable_partition_commits_finished_jobs_above_its_point_with_its_progress() {
+    let jobs = eos_jobs();
+    assign(&jobs, Some(7));
+    jobs.track_read([(TP, 10), (TP, 11), (TP, 12)]);
+    let generation = jobs.lock().owned[&TP].generation;
+    assert!(jobs.stage(TP, generation, 11, vec![rec("follow-up 11")]));
+    assert!(jobs.take_round(None).is_empty(), "staged, not finished: nothing");
+    jobs.lock().finish(TP, 11, Some(generation));
+    let round = jobs.take_round(None);
+    assert_eq!(round.points, vec![(TP, 10, Some(7))], "under the claim");
+    assert_eq!(round.records, vec![(TP, 11, vec![rec("follow-up 11")])]);
+    assert_eq!(
+        progress_of(&round),
+        Some(Done {
+            to: 13,
+            open: vec![10, 12]
+        })
+    );
+    assert!(jobs.take_round(None).is_empty(), "taken once");
+}
+
+#[test]
+fn exactly_once_a_changed_hold_goes_with_the_next_round_and_again_after_an_abort() {
+    let jobs = eos_jobs();
+    assign(&jobs, Some(7));
+    jobs.track_read([(TP, 10)]);
+    jobs.lock().dirty.entry(TP).or_default().insert(b"k".to_vec());
+    let round = jobs.take_round(None);
+    let holds: Vec<&OwnedRecord> = round
+        .pinned
+        .iter()
+        .map(|(_, r)| r)
+        .filter(|r| record::split_key(&r.key).is_some_and(|(c, t, k)| (c, t, k) == (Some(7), "work", b"k".as_slice())))
+        .collect();
+    assert_eq!(holds.len(), 1);
+    assert_eq!(holds[0].value, None, "not held any more: let go");
+    assert_eq!(round.points, vec![(TP, 10, Some(7))]);
+    assert_eq!(progress_of(&round), Some(Done { to: 11, open: vec![10] }));
+    jobs.put_back(round);
+    let again = jobs.take_round(None);
+    assert_eq!(again.dirty, vec![(TP, b"k".to_vec())], "aborted: taken again");
+    assert!(jobs.take_round(None).is_empty());
+}
+
+#[test]
+fn records_the_last_owner_did_are_skipped_and_move_no_point_past_one_not_done() {
+    let jobs = eos_jobs();
+    assign(&jobs, Some(7));
+    jobs.lock().done_above.insert(
+        TP,
+        Done {
+            to: 14,
+            open: vec![11, 13],
+        },
+    );
+    // 12 comes first: finished alone, it would move the point past 11.
+    let left = jobs.skip_done(vec![12, 11, 10, 13], |o: &i64| (TP, *o));
+    assert_eq!(left, vec![11, 13]);
+    assert_eq!(jobs.lock().tracker.commit_point(TP), Some(11));
+    // What this owner commits counts what the last one did beyond what it
+    // read so far.
+    jobs.lock().done_above.insert(
+        TP,
+        Done {
+            to: 20,
+            open: vec![11, 13, 17],
+        },
+    );
+    let generation = jobs.lock().owned[&TP].generation;
+    assert!(jobs.stage(TP, generation, 13, vec![rec("follow-up 13")]));
+    jobs.lock().finish(TP, 13, Some(generation));
+    let round = jobs.take_round(None);
+    assert_eq!(
+        progress_of(&round),
+        Some(Done {
+            to: 20,
+            open: vec![11, 17]
+        })
     );
 }
