@@ -71,7 +71,9 @@ impl OffsetTracker {
     /// Whether the record at `offset` of `partition` was read and is not
     /// finished.
     pub fn is_open(&self, partition: (usize, i32), offset: i64) -> bool {
-        self.parts.get(&partition).is_some_and(|p| p.open.contains(&offset))
+        self.parts
+            .get(&partition)
+            .is_some_and(|p| p.open.contains(&offset))
     }
 
     /// `partition`'s commit point, the offset after the last record read,

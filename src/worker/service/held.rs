@@ -70,7 +70,10 @@ pub(super) fn load<C: ConsumerContext>(
             use rdkafka::Message as _;
             let Some(record_key) = m.key() else { return };
             if let Some((claim, topic)) = progress::split_key(record_key) {
-                if let Some(tp) = shared.tp(topic, m.partition()).filter(|tp| reads.contains_key(tp)) {
+                if let Some(tp) = shared
+                    .tp(topic, m.partition())
+                    .filter(|tp| reads.contains_key(tp))
+                {
                     progress_read.insert((tp, claim), m.payload().map(<[u8]>::to_vec));
                 }
                 return;
@@ -453,7 +456,12 @@ pub(super) async fn settled(
             }
             if shared.cfg.worker.exactly_once {
                 // Taken by the next transaction, with the job's writes.
-                return shared.jobs.lock().owned.get(&tp).is_some_and(|o| o.generation == generation);
+                return shared
+                    .jobs
+                    .lock()
+                    .owned
+                    .get(&tp)
+                    .is_some_and(|o| o.generation == generation);
             }
             shared.out.keeper.write(tp, job.key.clone(), generation).await
         }

@@ -77,7 +77,9 @@ pub(super) fn take(st: &mut WorkerState, naming: &Naming, tp: Tp, round: &mut Ro
         done.open.extend(before.open.iter().filter(|o| **o >= next));
         done.to = before.to;
     }
-    round.pinned.push((tp.1, progress::record(&naming.held, claim, topic, &done)));
+    round
+        .pinned
+        .push((tp.1, progress::record(&naming.held, claim, topic, &done)));
     round.records.extend(taken);
     round.dirty.extend(keys.into_iter().map(|k| (tp, k)));
     match round.points.iter_mut().find(|(p, ..)| *p == tp) {

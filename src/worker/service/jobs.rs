@@ -386,9 +386,14 @@ impl WorkerJobs {
             .into_iter()
             .filter(|r| {
                 let (tp, offset) = at(r);
-                let done = st.owned.contains_key(&tp) && st.done_above.get(&tp).is_some_and(|d| d.contains(offset));
+                let done =
+                    st.owned.contains_key(&tp) && st.done_above.get(&tp).is_some_and(|d| d.contains(offset));
                 if done {
-                    tracing::debug!(partition = tp.1, offset, "done by the partition's last owner: skipped");
+                    tracing::debug!(
+                        partition = tp.1,
+                        offset,
+                        "done by the partition's last owner: skipped"
+                    );
                     st.finish(tp, offset, None);
                 }
                 !done

@@ -25,8 +25,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
 use tracing::{debug, warn};
 
-use super::round::Round;
 use super::offsets::offset_to_commit;
+use super::round::Round;
 use super::{Shared, WorkerError};
 
 use crate::kafka::{self, Transactional, TxnError};

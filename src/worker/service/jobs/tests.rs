@@ -262,12 +262,20 @@ fn exactly_once_a_changed_hold_goes_with_the_next_round_and_again_after_an_abort
         .pinned
         .iter()
         .map(|(_, r)| r)
-        .filter(|r| record::split_key(&r.key).is_some_and(|(c, t, k)| (c, t, k) == (Some(7), "work", b"k".as_slice())))
+        .filter(|r| {
+            record::split_key(&r.key).is_some_and(|(c, t, k)| (c, t, k) == (Some(7), "work", b"k".as_slice()))
+        })
         .collect();
     assert_eq!(holds.len(), 1);
     assert_eq!(holds[0].value, None, "not held any more: let go");
     assert_eq!(round.points, vec![(TP, 10, Some(7))]);
-    assert_eq!(progress_of(&round), Some(Done { to: 11, open: vec![10] }));
+    assert_eq!(
+        progress_of(&round),
+        Some(Done {
+            to: 11,
+            open: vec![10]
+        })
+    );
     jobs.put_back(round);
     let again = jobs.take_round(None);
     assert_eq!(again.dirty, vec![(TP, b"k".to_vec())], "aborted: taken again");
