@@ -40,6 +40,13 @@
 //!   reach every job (polled every 20 ms), so that both count only work
 //!   whose follow-ups Kafka has and whose offsets are committed. Medians.
 //!
+//! - **D, exactly once on a topic that holds keys.** C's jobs and worker,
+//!   on a topic with `on_failure = "hold_key"` (no job fails): exactly once
+//!   there commits every finished job's writes at the next round with the
+//!   partition's progress record, against exactly once on a plain topic
+//!   (the baseline) and at least once on the hold-key topic; commit
+//!   interval 100 ms, interleaved, three runs each, medians.
+//!
 //! The targets are judged on the worker's default configuration. As a
 //! diagnostic, each benchmark also runs the concurrency-256 worker with
 //! `[worker] max_buffered` raised to the job count, so that it never pauses
@@ -112,6 +119,7 @@ struct Args {
     run_a: bool,
     run_b: bool,
     run_c: bool,
+    run_d: bool,
 }
 
 impl Args {
@@ -127,8 +135,8 @@ impl Args {
                 .max(1)
         };
         let named = |x: &str| args.iter().any(|a| a.eq_ignore_ascii_case(x));
-        let (only_a, only_b, only_c) = (named("a"), named("b"), named("c"));
-        let all = !(only_a || only_b || only_c);
+        let (only_a, only_b, only_c, only_d) = (named("a"), named("b"), named("c"), named("d"));
+        let all = !(only_a || only_b || only_c || only_d);
         let b_jobs = size(1, "KAIROS_BENCH_B_JOBS", 5_000);
         Args {
             n: size(0, "KAIROS_BENCH_N", 100_000),
@@ -138,6 +146,7 @@ impl Args {
             run_a: only_a || all,
             run_b: only_b || all,
             run_c: only_c || all,
+            run_d: only_d || all,
         }
     }
 }
@@ -781,6 +790,9 @@ fn main() {
     if args.run_c {
         bench_c(&rt, &broker, args.c_jobs);
     }
+    if args.run_d {
+        bench_d(&rt, &broker, args.c_jobs);
+    }
 }
 
 // ---------------------------------------------------------------- benchmark C
@@ -796,8 +808,12 @@ async fn follow_up_run(
     follow: &str,
     n: u64,
     exactly_once: Option<Duration>,
+    holds: bool,
 ) -> Timing {
     let mut cfg = cfg.clone();
+    if holds {
+        cfg.worker.on_failure = kairos::config::OnFailure::HoldKey;
+    }
     cfg.worker.exactly_once = exactly_once.is_some();
     if let Some(every) = exactly_once {
         cfg.worker.commit_interval = every;
@@ -831,7 +847,9 @@ fn median_rate(runs: &[Timing]) -> f64 {
     r[r.len() / 2]
 }
 
-fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
+/// C's and D's set-up: `n` jobs in a fresh work topic, and a topic for
+/// their follow-ups; the configuration, the work topic and the follow-ups'.
+fn follow_up_topics(rt: &Runtime, broker: &Broker, n: u64) -> (Config, String, String) {
     let mut cfg = broker.config();
     cfg.topics.work_partitions = A_PARTITIONS;
     let follow = common::unique("bench-follow-ups");
@@ -843,6 +861,11 @@ fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
         &topic,
         (0..n).map(|i| (format!("key-{}", i % A_KEYS), format!("{i:016}"))),
     );
+    (cfg, topic, follow)
+}
+
+fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
+    let (cfg, topic, follow) = follow_up_topics(rt, broker, n);
     println!(
         "C: {n} jobs in {topic} ({A_PARTITIONS} partitions, {A_KEYS} keys), one follow-up each; concurrency {CONCURRENCY}; until the offsets are committed"
     );
@@ -850,11 +873,11 @@ fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
     let mut alo = Vec::new();
     let mut eos: Vec<Vec<Timing>> = intervals.iter().map(|_| Vec::new()).collect();
     for run in 1..=C_RUNS {
-        let a = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, None));
+        let a = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, None, false));
         println!("  run {run} at least once:                {}", a.describe("jobs"));
         alo.push(a);
         for (i, every) in intervals.iter().enumerate() {
-            let e = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, Some(*every)));
+            let e = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, Some(*every), false));
             println!(
                 "  run {run} exactly once, rounds {every:>6?}: {}",
                 e.describe("jobs")
@@ -871,5 +894,36 @@ fn bench_c(rt: &Runtime, broker: &Broker, n: u64) {
             e / a
         );
     }
+    println!();
+}
+
+// ---------------------------------------------------------------- benchmark D
+
+fn bench_d(rt: &Runtime, broker: &Broker, n: u64) {
+    let (cfg, topic, follow) = follow_up_topics(rt, broker, n);
+    println!(
+        "D: {n} jobs in {topic} ({A_PARTITIONS} partitions, {A_KEYS} keys), one follow-up each; concurrency {CONCURRENCY}; commit_interval 100 ms; until the offsets are committed"
+    );
+    let every = Some(Duration::from_millis(100));
+    let modes = [
+        ("exactly once, plain topic   ", every, false),
+        ("exactly once, hold-key topic", every, true),
+        ("at least once, hold-key topic", None, true),
+    ];
+    let mut runs: Vec<Vec<Timing>> = modes.iter().map(|_| Vec::new()).collect();
+    for run in 1..=C_RUNS {
+        for ((what, eos, holds), got) in modes.iter().zip(runs.iter_mut()) {
+            let t = rt.block_on(follow_up_run(&cfg, &topic, &follow, n, *eos, *holds));
+            println!("  run {run} {what}: {}", t.describe("jobs"));
+            got.push(t);
+        }
+    }
+    let [plain, held, alo] = [0, 1, 2].map(|i| median_rate(&runs[i]));
+    println!(
+        "  D: exactly once on the hold-key topic / on the plain topic, medians of {C_RUNS}: {:.2}x \
+         ({held:.0} against {plain:.0} jobs/s); / at least once on the hold-key topic: {:.2}x ({alo:.0} jobs/s)",
+        held / plain,
+        held / alo
+    );
     println!();
 }

@@ -485,6 +485,7 @@ async fn run_on(
         || s.held_key != [1, 2, 2, 2, 3, 4, 5]
         || s.exactly_once.once != s.exactly_once.jobs
         || s.exactly_once.extra > 0
+        || s.exactly_once.held_key != [7, 7, 17, 27, 37, 47]
         || s.recurring.once != s.recurring.occurrences
         || s.recurring.extra > 0
     {

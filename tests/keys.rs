@@ -107,12 +107,31 @@ fn wait_rest_ran_and_let_go(starts: &Starts, sys: &common::system::System, n: us
     });
 }
 
+/// A worker in exactly-once mode: its parks, holds and offsets go in its
+/// transactions.
+fn exactly_once(mut cfg: Config) -> Config {
+    cfg.worker.exactly_once = true;
+    cfg.worker.transaction_timeout = Duration::from_secs(10);
+    cfg
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_move_on() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = one_partition(broker, dir.path());
+    let cfg = one_partition(Broker::shared(), dir.path());
+    a_failing_job_holds_its_key(cfg, dir.path()).await;
+}
+
+/// The same with the worker in exactly-once mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_a_failing_job_holds_its_key_while_the_committed_offset_moves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = exactly_once(one_partition(Broker::shared(), dir.path()));
+    a_failing_job_holds_its_key(cfg, dir.path()).await;
+}
+
+async fn a_failing_job_holds_its_key(cfg: Config, dir: &std::path::Path) {
+    let _serial = SERIAL.lock().await;
     kairos::topics::init(&cfg).await.unwrap();
     let work = cfg.topics.work[0].clone();
     let (starts, sys) = recorded(&cfg, move |job, _| {
@@ -150,7 +169,7 @@ async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_m
         (others == 20 && c >= written).then(|| (attempts_of_2(&s), c))
     });
     assert_eq!(seen.0, 2, "job 2 had not run again yet");
-    let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
+    let held = kairos_json(&cfg, dir, &["keys", "blocked", "--json"]);
     let held = held.as_array().unwrap();
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0]["key"], "K");
@@ -174,7 +193,7 @@ async fn a_failing_job_holds_its_key_while_other_keys_and_the_committed_offset_m
     let first_third = s.iter().find(|x| x.key == "K" && x.attempt == 3).unwrap().at;
     let last_other = s.iter().filter(|x| x.key != "K").map(|x| x.at).max().unwrap();
     assert!(last_other < first_third, "other keys ran while K was held");
-    let held = kairos_json(&cfg, dir.path(), &["keys", "blocked", "--json"]);
+    let held = kairos_json(&cfg, dir, &["keys", "blocked", "--json"]);
     assert_eq!(held.as_array().map(Vec::len), Some(0), "{held}");
 }
 
@@ -240,10 +259,19 @@ async fn a_blocker_dead_lettered_at_its_last_attempt_lets_its_key_go_and_the_res
 /// key's later jobs wait until the job has run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limited_job_holds_its_key_until_it_has_run_again() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::shared();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = one_partition(broker, dir.path());
+    a_rate_limited_job_holds_its_key(one_partition(Broker::shared(), dir.path())).await;
+}
+
+/// The same with the worker in exactly-once mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_a_rate_limited_job_holds_its_key_until_it_has_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    a_rate_limited_job_holds_its_key(exactly_once(one_partition(Broker::shared(), dir.path()))).await;
+}
+
+async fn a_rate_limited_job_holds_its_key(cfg: Config) {
+    let _serial = SERIAL.lock().await;
     kairos::topics::init(&cfg).await.unwrap();
     let pause = Duration::from_secs(2);
     let (starts, sys) = recorded(&cfg, move |job, s| {

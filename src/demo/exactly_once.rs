@@ -1,9 +1,11 @@
 //! The demo's exactly-once settlement: a second worker, with `[worker]
-//! exactly_once`, runs jobs whose handler writes a follow-up; the
-//! follow-ups are read back as `read_committed` consumers see them, once
-//! per job.
+//! exactly_once`, runs jobs whose handler writes a follow-up, on a topic
+//! whose failing jobs hold their keys (one job fails once); the follow-ups
+//! are read back as `read_committed` consumers see them, once per job, and
+//! the held key's jobs ran in order.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::Message as _;
@@ -16,10 +18,13 @@ use kairos::{Config, Job, Producer};
 /// Jobs written to the exactly-once topic.
 const JOBS: usize = 50;
 
+/// The key one of whose jobs fails once, holding it.
+const HELD: &str = "invoice-7";
+
 /// What the exactly-once part saw: jobs written, jobs whose follow-up was
 /// read back once, follow-ups read back more than once (must be 0), and
 /// the worker's transactions committed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ExactlyOnceSeen {
     /// Jobs written.
     pub jobs: usize,
@@ -29,6 +34,11 @@ pub struct ExactlyOnceSeen {
     pub extra: usize,
     /// Transactions the worker committed.
     pub transactions: u64,
+    /// The held key's job numbers, in the order they started (its first
+    /// job fails once: it runs twice before the others).
+    pub held_key: Vec<u32>,
+    /// Jobs parked behind the held key.
+    pub parked: u64,
 }
 
 /// Run a worker in exactly-once mode on `topic` (its own group and
@@ -45,17 +55,31 @@ pub(super) async fn show(
     cfg.worker.group_id = format!("{}-eos", cfg.worker.group_id);
     cfg.worker.transactional_id = cfg.worker.group_id.clone();
     cfg.worker.topics = vec![topic.to_string()];
+    cfg.worker
+        .on_failure_by_topic
+        .insert(topic.to_string(), kairos::config::OnFailure::HoldKey);
     cfg.worker.admin.listen = None;
     println!(
         "\nexactly once  a second worker ([worker] exactly_once) runs {JOBS} jobs on {topic}, each writing a \
          follow-up to {follow}:\n              its writes and its offsets commit together, in one transaction \
-         per commit round"
+         per commit round; {topic} holds keys (on_failure = \"hold_key\"), and job 7 of {HELD} fails once"
     );
     let to = follow.to_string();
+    let started: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let seen_start = started.clone();
     let worker = Worker::builder(&cfg)
         .build(move |job: Job, _ctx| {
-            let follow_up = Job::new(to.as_str(), job.key.clone(), format!("follow-up of {}", job.id));
-            async move { Outcome::done_with(vec![follow_up]) }
+            let n: u32 = String::from_utf8_lossy(&job.payload).parse().unwrap_or_default();
+            if job.key == HELD.as_bytes() {
+                seen_start.lock().unwrap_or_else(|e| e.into_inner()).push(n);
+            }
+            let outcome = if n == 7 && job.attempt == 1 {
+                Outcome::retry_after(Duration::from_millis(500), "declined once")
+            } else {
+                let follow_up = Job::new(to.as_str(), job.key.clone(), format!("follow-up of {}", job.id));
+                Outcome::done_with(vec![follow_up])
+            };
+            async move { outcome }
         })
         .map_err(failed)?;
     let handle = worker.handle();
@@ -87,18 +111,22 @@ pub(super) async fn show(
             .count();
         seen.once = once;
         seen.extra = counts.values().map(|n| n.saturating_sub(1)).sum();
-        if once == JOBS || tokio::time::Instant::now() > deadline {
+        let held_ran = started.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if (once == JOBS && held_ran == JOBS / 10 + 1) || tokio::time::Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     seen.transactions = handle.stats().transactions;
+    seen.parked = handle.stats().parked;
+    seen.held_key = started.lock().unwrap_or_else(|e| e.into_inner()).clone();
     stop.cancel();
     task.await.map_err(failed)?.map_err(failed)?;
     println!(
         "              read back read_committed: {} of {} jobs' follow-ups once, {} more than once; {} \
-         transactions committed",
-        seen.once, seen.jobs, seen.extra, seen.transactions
+         transactions committed\n              {HELD} ran {:?}: job 7 failed once and held the key, {} later jobs \
+         parked, all in order",
+        seen.once, seen.jobs, seen.extra, seen.transactions, seen.held_key, seen.parked
     );
     Ok(seen)
 }

@@ -24,7 +24,7 @@ pub(super) fn print(s: &DemoSummary, t: Tally) {
          delayed jobs started after their run-at by p50 {} ms, p99 {} ms, max {} ms\n           \
          {} cancelled before their run-at, {} of them ran; {} rescheduled, {} ran once at the new time ({} at the old time or twice)\n           \
          held key ran {:?} (job 2 failing twice held it; the key's later jobs waited, in order)\n           \
-         exactly once: {} of {} jobs' follow-ups read back once, {} more than once\n           \
+         exactly once: {} of {} jobs' follow-ups read back once, {} more than once; its held key ran {:?}\n           \
          recurring: {} of {} occurrences fired once, {} more than once, {} skipped while the one before ran\n           \
          worker: {} runs started, {} partitions owned at the end",
         s.written,
@@ -47,6 +47,7 @@ pub(super) fn print(s: &DemoSummary, t: Tally) {
         s.exactly_once.once,
         s.exactly_once.jobs,
         s.exactly_once.extra,
+        s.exactly_once.held_key,
         s.recurring.once,
         s.recurring.occurrences,
         s.recurring.extra,

@@ -45,6 +45,8 @@ struct ExactlyOnce {
     once: usize,
     extra: usize,
     transactions: u64,
+    held_key: Vec<u32>,
+    parked: u64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,6 +111,11 @@ async fn the_demo_runs_on_kafka_and_its_summary_keeps_the_guarantees() {
     assert!(
         e.jobs > 0 && e.once == e.jobs && e.extra == 0 && e.transactions > 0,
         "each exactly-once job's follow-up read back once, in transactions: {e:?}"
+    );
+    assert_eq!(
+        (e.held_key.as_slice(), e.parked > 0),
+        ([7, 7, 17, 27, 37, 47].as_slice(), true),
+        "in exactly-once mode too, the held key's jobs waited, parked, and ran in order: {e:?}"
     );
     let r = &s.recurring;
     assert!(
