@@ -20,6 +20,7 @@
 
 mod drive;
 mod held;
+mod held_load;
 mod held_round;
 mod jobs;
 mod keeper;

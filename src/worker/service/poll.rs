@@ -13,6 +13,7 @@ use rdkafka::{ClientContext, Message, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::held;
+use super::held_load;
 use super::keeper;
 use super::offsets::{offset_to_commit, send_or_stage, write_in_background};
 use super::ready::start_ready;
@@ -70,7 +71,7 @@ impl ConsumerContext for WorkerContext {
                     .filter_map(|e| self.shared.tp(e.topic(), e.partition()))
                     .collect();
                 // Held keys first: no job of these partitions is read before.
-                let claims = match held::load(&self.shared, consumer, &tps) {
+                let claims = match held_load::load(&self.shared, consumer, &tps) {
                     Ok(claims) => claims,
                     Err(e) => {
                         warn!(error = %e, "stopping: the held keys of assigned partitions could not be read");
