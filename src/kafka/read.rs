@@ -7,8 +7,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -183,16 +185,35 @@ pub fn read_range(
     Ok(spans)
 }
 
+/// A reader's context: librdkafka's global errors are logged as by
+/// default, but for a partition's end, which a reader asks to be told of
+/// (one still queued when the reader closes arrives as a global error).
+struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
 /// A consumer of committed records that reads where it is told (group
 /// `group`, nothing committed), noting each partition's end.
-fn reader(cfg: &KafkaConfig, client_id: &str, group: &str) -> Result<BaseConsumer, KafkaError> {
+fn reader(
+    cfg: &KafkaConfig,
+    client_id: &str,
+    group: &str,
+) -> Result<BaseConsumer<ReaderContext>, KafkaError> {
     let mut rc = super::base_config(cfg, client_id);
     rc.set("enable.auto.commit", "false")
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed");
-    rc.create()
+    rc.create_with_context(ReaderContext)
 }
 
 /// `with` the record at each of `positions` (topic, partition, offset),
