@@ -26,7 +26,8 @@ mod txn;
 pub(crate) use lag::{group_lag, partitions_of, watermarks};
 pub use reach::{reach, Unreachable};
 pub use read::{
-    commit_ends, committed_metadata, read_each, read_range, read_to_end, ReadError, ReadFrom, Span,
+    commit_ends, committed_metadata, read_each, read_range, read_to_end, read_to_log_end, ReadError,
+    ReadFrom, Span,
 };
 pub use transient::{refused_for_good, retry_until, transient};
 pub use txn::{Transactional, TxnError};

@@ -74,6 +74,42 @@ pub fn read_to_end(
     read_range(cfg, client_id, topic, partitions, ReadFrom::Start, timeout, each).map(|_| ())
 }
 
+/// [`read_to_end`] up to each partition's end in the log, transactions
+/// still open there included: a read_committed reader is told the last
+/// stable offset as the end, and would stop before the records committed
+/// after a transaction left open (by a writer killed in it, until the
+/// broker aborts it). Reading on waits such a transaction out.
+pub fn read_to_log_end(
+    cfg: &KafkaConfig,
+    client_id: &str,
+    topic: &str,
+    partitions: Option<&[i32]>,
+    timeout: Duration,
+    each: impl FnMut(&BorrowedMessage<'_>),
+) -> Result<(), ReadError> {
+    let to = ReadTo::LogEnd;
+    read_spans(
+        cfg,
+        client_id,
+        topic,
+        partitions,
+        ReadFrom::Start,
+        to,
+        timeout,
+        each,
+    )
+    .map(|_| ())
+}
+
+/// Where a read ends in each partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadTo {
+    /// The last stable offset (what a read_committed reader is told).
+    Stable,
+    /// The log's end: open transactions are waited out.
+    LogEnd,
+}
+
 /// [`read_to_end`], each partition from where `from` says; returns what
 /// was read of each partition.
 pub fn read_range(
@@ -82,6 +118,29 @@ pub fn read_range(
     topic: &str,
     partitions: Option<&[i32]>,
     from: ReadFrom<'_>,
+    timeout: Duration,
+    each: impl FnMut(&BorrowedMessage<'_>),
+) -> Result<Vec<Span>, ReadError> {
+    read_spans(
+        cfg,
+        client_id,
+        topic,
+        partitions,
+        from,
+        ReadTo::Stable,
+        timeout,
+        each,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_spans(
+    cfg: &KafkaConfig,
+    client_id: &str,
+    topic: &str,
+    partitions: Option<&[i32]>,
+    from: ReadFrom<'_>,
+    to: ReadTo,
     timeout: Duration,
     mut each: impl FnMut(&BorrowedMessage<'_>),
 ) -> Result<Vec<Span>, ReadError> {
@@ -118,12 +177,23 @@ pub fn read_range(
         }
         _ => HashMap::new(),
     };
+    // The log's end is asked of a read_uncommitted client.
+    let ends = match to {
+        ReadTo::Stable => None,
+        ReadTo::LogEnd => {
+            let mut rc = super::base_config(cfg, client_id);
+            rc.set("group.id", group)
+                .set("isolation.level", "read_uncommitted");
+            Some(rc.create::<BaseConsumer>()?)
+        }
+    };
     let mut tpl = TopicPartitionList::new();
     let mut left = HashMap::new();
     let mut spans = Vec::new();
     for p in all {
-        let (low, high) = super::retry_until("watermarks", deadline, || {
-            consumer.fetch_watermarks(topic, p, meta_timeout)
+        let (low, high) = super::retry_until("watermarks", deadline, || match &ends {
+            Some(ends) => ends.fetch_watermarks(topic, p, meta_timeout),
+            None => consumer.fetch_watermarks(topic, p, meta_timeout),
         })?;
         let start = match from {
             ReadFrom::Start => low,
@@ -156,24 +226,34 @@ pub fn read_range(
                 timeout,
             });
         }
-        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let msg = match msg {
-            Ok(m) => m,
-            // The end of a partition (its last offset may be a marker that
-            // is never delivered as a record).
-            Err(KafkaError::PartitionEOF(p)) => {
+        let msg = match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => m,
+            // The end of a partition as read_committed readers see it (its
+            // last offset may be a marker that is never delivered as a
+            // record).
+            Some(Err(KafkaError::PartitionEOF(p))) if to == ReadTo::Stable => {
                 left.remove(&p);
                 continue;
             }
+            // Reading to the log's end: done where the position passed it
+            // (past markers and aborted records, never delivered), else a
+            // transaction is still open there.
+            None | Some(Err(KafkaError::PartitionEOF(_))) if to == ReadTo::LogEnd => {
+                let at = consumer.position()?;
+                left.retain(|p, end| {
+                    let pos = at.find_partition(topic, *p).and_then(|e| e.offset().to_raw());
+                    pos.is_none_or(|pos| pos < *end)
+                });
+                continue;
+            }
+            None | Some(Err(KafkaError::PartitionEOF(_))) => continue,
             // A broker lost meanwhile: librdkafka reads on from the
             // partition's next leader; the deadline bounds the wait.
-            Err(e) if super::transient(&e) => {
+            Some(Err(e)) if super::transient(&e) => {
                 tracing::debug!(topic, error = %e, "reading to the end");
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            Some(Err(e)) => return Err(e.into()),
         };
         use rdkafka::Message as _;
         let (p, offset) = (msg.partition(), msg.offset());

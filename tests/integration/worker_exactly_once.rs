@@ -245,6 +245,70 @@ async fn records_are_read_back_at_each_position_asked_by_one_reader() {
     assert_eq!(got, want);
 }
 
+/// Holds are read back to the log's end: the records committed after a
+/// transaction left open (a worker killed in it) are read once it ends, not
+/// passed over as past the end, which a read_committed reader is told is
+/// the open transaction's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_to_the_log_end_waits_out_an_open_transaction_and_reads_what_came_after() {
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+    let (s, topic) = eos().await;
+    let brokers = s.cfg.kafka.brokers.clone();
+    let client = |txn: Option<&str>| {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &brokers);
+        if let Some(id) = txn {
+            c.set("transactional.id", id);
+        }
+        c.create::<FutureProducer>().unwrap()
+    };
+    let send = |p: &FutureProducer, text: &'static str| {
+        let p = p.clone();
+        let topic = topic.clone();
+        async move {
+            let rec = FutureRecord::to(&topic).partition(0).key("k").payload(text);
+            p.send(rec, Duration::from_secs(10)).await.unwrap();
+        }
+    };
+    let (plain, txn) = (client(None), client(Some(&unique("open-txn"))));
+    send(&plain, "before").await;
+    txn.init_transactions(Duration::from_secs(30)).unwrap();
+    txn.begin_transaction().unwrap();
+    send(&txn, "aborted").await;
+    send(&plain, "after").await;
+    let read = |to_log_end: bool, seen: Option<std::sync::mpsc::Sender<()>>| {
+        let (kafka, topic) = (s.cfg.kafka.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut got = Vec::new();
+            let each = |m: &rdkafka::message::BorrowedMessage<'_>| {
+                got.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
+                if let Some(seen) = &seen {
+                    let _ = seen.send(());
+                }
+            };
+            let read = match to_log_end {
+                false => kairos::kafka::read_to_end(&kafka, "stable", &topic, Some(&[0]), T, each),
+                true => kairos::kafka::read_to_log_end(&kafka, "log-end", &topic, Some(&[0]), T, each),
+            };
+            read.map(|()| got)
+        })
+    };
+    let stable = read(false, None).await.unwrap().unwrap();
+    assert_eq!(
+        stable,
+        vec!["before"],
+        "read_committed's end is the open transaction's start"
+    );
+    let (seen, first) = std::sync::mpsc::channel();
+    let waiting = read(true, Some(seen));
+    // It has read what comes before the transaction, and waits.
+    first.recv_timeout(T).expect("the first record");
+    assert!(!waiting.is_finished(), "it read on past an open transaction");
+    txn.abort_transaction(Duration::from_secs(30)).unwrap();
+    let got = waiting.await.unwrap().expect("read to the log's end");
+    assert_eq!(got, vec!["before", "after"]);
+}
+
 /// A `kairos worker` process on `cfg`, optionally told to hang at a step
 /// of its first transaction with records; its stderr goes to `log`.
 fn spawn_worker(cfg: &Config, dir: &Path, hang_at: Option<&str>) -> (ChildGuard, PathBuf) {

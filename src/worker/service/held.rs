@@ -184,6 +184,11 @@ pub(super) async fn settled(
     let now_ms = shared.clock.now().timestamp_millis();
     let update = {
         let mut st = shared.jobs.lock();
+        if st.owned.get(&tp).map(|o| o.generation) != Some(generation) {
+            // Read under an ownership let go meanwhile: its next owner
+            // reads the job again, under the holds it read back.
+            return false;
+        }
         let update = st.holds.settled(tp, job, how, now_ms);
         if update == HoldUpdate::Unchanged && st.waiting.is_empty() {
             // Nothing held here: the common case, kept cheap.

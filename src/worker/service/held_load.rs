@@ -57,12 +57,15 @@ pub(super) fn load<C: ConsumerContext>(
     let mut partitions: Vec<i32> = tps.iter().map(|tp| tp.1).collect();
     partitions.sort_unstable();
     partitions.dedup();
-    kafka::read_to_end(
+    // To the log's end: exactly-once workers write the held topic in
+    // transactions, and one left open by a killed worker holds back the
+    // records committed after it until the broker aborts it.
+    kafka::read_to_log_end(
         &shared.cfg.kafka,
         "kairos-worker-holds",
         &shared.cfg.topics.held,
         Some(&partitions),
-        LOAD_TIMEOUT,
+        load_timeout(shared),
         |m| {
             use rdkafka::Message as _;
             let Some(record_key) = m.key() else { return };
@@ -203,6 +206,12 @@ pub(super) fn load<C: ConsumerContext>(
     Ok(claims)
 }
 
+/// How long reading back may take: [`LOAD_TIMEOUT`], or longer than the
+/// broker takes to abort a transaction a killed worker left open.
+fn load_timeout(shared: &Shared) -> Duration {
+    LOAD_TIMEOUT.max(shared.cfg.worker.transaction_timeout + Duration::from_secs(30))
+}
+
 /// A partition's committed offset (`None`: none) and the claim its
 /// metadata names.
 type Committed = (Option<i64>, Option<u64>);
@@ -217,7 +226,8 @@ fn committed<C: ConsumerContext>(
     for tp in tps {
         tpl.add_partition(&shared.topics.names[tp.0], tp.1);
     }
-    let got = consumer.committed_offsets(tpl, LOAD_TIMEOUT)?;
+    // A transaction left open with these offsets is waited out too.
+    let got = consumer.committed_offsets(tpl, load_timeout(shared))?;
     Ok(tps
         .iter()
         .map(|tp| {

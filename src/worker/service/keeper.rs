@@ -9,10 +9,11 @@
 //! are finished, and waiting settlements answered, only once their round
 //! is acknowledged.
 //!
-//! In exactly-once mode the keeper writes nothing: parked jobs are staged
-//! under the state lock that numbered them, and finished, and changed holds
-//! are left to the next transaction ([`hand`], [`write`]; see
-//! `held_round`).
+//! In exactly-once mode the keeper task writes nothing: parked jobs are
+//! staged under the state lock that numbered them, and finished, and
+//! changed holds are left to the next transaction ([`hand`], [`write`]; see
+//! `held_round`). ([`send`] still writes the holds read back on
+//! assignment, under a claim that counts only once committed.)
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

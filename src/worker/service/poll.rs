@@ -354,13 +354,16 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
     // committed above its commit point are done already.
     let decoded = shared.jobs.skip_done(decoded, |(m, tp, ..)| (*tp, m.offset()));
     let is_job = |d: &Result<Command, _>| matches!(d, Ok(Command::Schedule(_)));
-    // Every job of the batch counts as unfinished before any other record
-    // of it can finish: a release or a dead letter at a higher offset, done
-    // first, would otherwise move the commit point past a job still to run.
-    // (A batch of jobs only is tracked once, below.)
+    // Every record of the batch counts as unfinished before any of it can
+    // finish: a release or a dead letter at a higher offset, done first,
+    // would otherwise move the commit point past a job still to run, and a
+    // job finished past a release not yet begun would make an exactly-once
+    // partition's progress count the release as done. (A batch of jobs only
+    // is tracked once, below.)
     if decoded.iter().any(|(.., d)| !is_job(d)) {
-        let jobs = decoded.iter().filter(|(.., d)| is_job(d));
-        shared.jobs.track_read(jobs.map(|(m, tp, ..)| (*tp, m.offset())));
+        shared
+            .jobs
+            .track_read(decoded.iter().map(|(m, tp, ..)| (*tp, m.offset())));
     }
     let mut jobs: Vec<Entry> = Vec::with_capacity(decoded.len());
     for (m, tp, view, d) in decoded {
@@ -369,7 +372,7 @@ pub(super) fn accept_batch(shared: &Arc<Shared>, msgs: &[BorrowedMessage<'_>]) {
             Ok(Command::Schedule(job)) => jobs.push(Entry::new(job, tp, offset)),
             Ok(Command::Release { key, id }) => held::release(shared, tp, offset, key, id),
             // Decoding allows neither on a work topic.
-            Ok(Command::Cancel(_) | Command::Reschedule { .. }) => {}
+            Ok(Command::Cancel(_) | Command::Reschedule { .. }) => shared.jobs.finish_now(tp, offset),
             Err(e) => dead_letter_record(shared, m, &view, &e, tp),
         }
     }

@@ -10,9 +10,9 @@ use crate::wire::OwnedRecord;
 pub(super) type CommitPoint = (Tp, i64, Option<u64>);
 
 /// What one commit writes: the commit points that moved and, in
-/// exactly-once mode, the staged writes of the jobs it commits, in
-/// partition and offset order, with the held-topic records of partitions
-/// whose keys can be held.
+/// exactly-once mode, the staged writes of the jobs it commits, in offset
+/// order per partition, with the held-topic records of partitions whose
+/// keys can be held.
 #[derive(Default)]
 pub(super) struct Round {
     pub(super) points: Vec<CommitPoint>,

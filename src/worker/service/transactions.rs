@@ -4,7 +4,9 @@
 //! the writes of every other job below the commit points of the round.
 //! A job whose offset can still be read again (above the commit point)
 //! has written nothing; once its offset is committed, all of its writes
-//! are. A worker the group moved on from (paused past its session, cut
+//! are. (On partitions whose keys can be held, a finished job's writes
+//! commit at the next round, with the partition's progress naming its
+//! offset done: see `held_round`.) A worker the group moved on from (paused past its session, cut
 //! off) cannot commit: the offsets go with the group generation it read
 //! them in (KIP-447).
 //!
