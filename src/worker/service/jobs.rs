@@ -229,17 +229,7 @@ impl WorkerJobs {
                 points.push(st.commit_point(*tp, c));
             }
         }
-        let mut round = Round {
-            points,
-            ..Round::default()
-        };
-        if let Some(naming) = &self.naming {
-            for tp in tps {
-                held_round::take(&mut st, naming, *tp, &mut round);
-            }
-        }
-        let below = st.staged_below(&round.points);
-        round.records.extend(below);
+        let round = self.round_of(&mut st, points, tps.iter().copied());
         for tp in tps {
             st.dirty.remove(tp);
             st.done_above.remove(tp);
@@ -329,14 +319,26 @@ impl WorkerJobs {
         if let (true, Some(stale_after)) = (points.is_empty(), keep_alive) {
             points = keep_alive_points(&st, stale_after).unwrap_or_default();
         }
+        let owned: Vec<Tp> = st.owned.keys().copied().collect();
+        self.round_of(&mut st, points, owned.into_iter())
+    }
+
+    /// The round of `points`: what `tps` have to commit if their keys can
+    /// be held (exactly-once mode; see `held_round`), then the staged
+    /// writes below the points.
+    fn round_of(
+        &self,
+        st: &mut WorkerState,
+        points: Vec<CommitPoint>,
+        tps: impl Iterator<Item = Tp>,
+    ) -> Round {
         let mut round = Round {
             points,
             ..Round::default()
         };
         if let Some(naming) = &self.naming {
-            let owned: Vec<Tp> = st.owned.keys().copied().collect();
-            for tp in owned {
-                held_round::take(&mut st, naming, tp, &mut round);
+            for tp in tps {
+                held_round::take(st, naming, tp, &mut round);
             }
         }
         let below = st.staged_below(&round.points);

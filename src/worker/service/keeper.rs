@@ -111,34 +111,20 @@ pub(super) fn hand(shared: &Shared, st: &mut WorkerState, jobs: Vec<ParkedJob>) 
         shared.out.keeper.park(jobs);
         return;
     }
-    let (mut parked, mut handed) = (0u64, 0u64);
+    let mut tally = Tally::default();
     for p in jobs {
-        if let Some(n) = st.in_flight.get_mut(&p.tp) {
-            *n = n.saturating_sub(1);
-        }
-        if !owned(st, &p.tp, p.generation) {
-            continue;
-        }
-        let rec = wire::encode(&p.job, &shared.cfg.topics.schedule);
-        st.keep_staged(p.tp, p.offset, vec![rec]);
-        match p.job.parked {
-            Some(seq) => {
-                let hold = st.holds.get_mut(p.tp, &p.job.key);
-                if let Some(h) = hold.filter(|h| Some(h.since_ms) == p.hold) {
-                    h.sent(seq, p.fresh.then_some(p.offset));
-                }
+        let staged = owned(st, &p.tp, p.generation);
+        if staged {
+            let rec = wire::encode(&p.job, &shared.cfg.topics.schedule);
+            st.keep_staged(p.tp, p.offset, vec![rec]);
+            count_sent(st, &p);
+            if p.job.parked.is_some() {
                 st.dirty.entry(p.tp).or_default().insert(p.job.key.clone());
-                parked += 1;
             }
-            None => handed += 1,
         }
-        st.finish(p.tp, p.offset, Some(p.generation));
+        let_off(st, &p, staged, &mut tally);
     }
-    shared.stats.parked.fetch_add(parked, Ordering::Relaxed);
-    shared
-        .stats
-        .handed_to_scheduler
-        .fetch_add(handed, Ordering::Relaxed);
+    tally.add_to(shared);
 }
 
 /// Write `key`'s hold in `tp` as it is now: through the keeper (whether it
@@ -293,15 +279,52 @@ fn mark_sent(shared: &Shared, round: &[Request]) {
     for req in round {
         if let Request::Park(jobs) = req {
             for p in jobs {
-                if !owned(st, &p.tp, p.generation) {
-                    continue;
-                }
-                let hold = st.holds.get_mut(p.tp, &p.job.key);
-                if let (Some(h), Some(seq)) = (hold.filter(|h| Some(h.since_ms) == p.hold), p.job.parked) {
-                    h.sent(seq, p.fresh.then_some(p.offset));
+                if owned(st, &p.tp, p.generation) {
+                    count_sent(st, p);
                 }
             }
         }
+    }
+}
+
+/// `p`'s key's hold counts it as written, if `p` is a parked job and the
+/// hold that numbered it is still the key's.
+fn count_sent(st: &mut WorkerState, p: &ParkedJob) {
+    let hold = st.holds.get_mut(p.tp, &p.job.key);
+    if let (Some(h), Some(seq)) = (hold.filter(|h| Some(h.since_ms) == p.hold), p.job.parked) {
+        h.sent(seq, p.fresh.then_some(p.offset));
+    }
+}
+
+/// Jobs parked and handed over, to count in the worker's stats.
+#[derive(Default)]
+struct Tally {
+    parked: u64,
+    handed: u64,
+}
+
+impl Tally {
+    fn add_to(&self, shared: &Shared) {
+        shared.stats.parked.fetch_add(self.parked, Ordering::Relaxed);
+        shared
+            .stats
+            .handed_to_scheduler
+            .fetch_add(self.handed, Ordering::Relaxed);
+    }
+}
+
+/// `p` is done with: out of its partition's in-flight count and, when
+/// `written` (or staged), finished and counted in `tally`.
+fn let_off(st: &mut WorkerState, p: &ParkedJob, written: bool, tally: &mut Tally) {
+    if let Some(n) = st.in_flight.get_mut(&p.tp) {
+        *n = n.saturating_sub(1);
+    }
+    if written {
+        match p.job.parked {
+            Some(_) => tally.parked += 1,
+            None => tally.handed += 1,
+        }
+        st.finish(p.tp, p.offset, Some(p.generation));
     }
 }
 
@@ -370,7 +393,7 @@ fn hold_record(shared: &Shared, st: &super::WorkerState, tp: Tp, key: &[u8], cha
 /// Finish a round: parked and handed-over jobs' offsets (when written),
 /// answers to writes.
 fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
-    let (mut parked, mut handed) = (0u64, 0u64);
+    let mut tally = Tally::default();
     let mut answers = Vec::new();
     {
         let mut st = shared.jobs.lock();
@@ -378,30 +401,17 @@ fn finish_round(shared: &Shared, round: Vec<Request>, written: bool) {
             match req {
                 Request::Park(jobs) => {
                     for p in jobs {
-                        if let Some(n) = st.in_flight.get_mut(&p.tp) {
-                            *n = n.saturating_sub(1);
-                        }
-                        if written {
-                            match p.job.parked {
-                                Some(_) => parked += 1,
-                                None => handed += 1,
-                            }
-                            st.finish(p.tp, p.offset, Some(p.generation));
-                        }
+                        let_off(&mut st, &p, written, &mut tally);
                     }
                 }
                 Request::Write { done, .. } => answers.push(done),
             }
         }
     }
-    shared.stats.parked.fetch_add(parked, Ordering::Relaxed);
-    shared
-        .stats
-        .handed_to_scheduler
-        .fetch_add(handed, Ordering::Relaxed);
+    tally.add_to(shared);
     for done in answers {
         let _ = done.send(written);
     }
-    debug!(parked, written, "keeper round");
+    debug!(parked = tally.parked, written, "keeper round");
     shared.jobs.notify_finished();
 }
